@@ -1,0 +1,68 @@
+"""Settings: every knob, built once from flags, MKB_* environment variables and defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "MKB_"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseModel):
+    """The effective configuration of one mkb invocation (frozen)."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    home: Path = Field(default_factory=lambda: _repo_root() / "results")
+    """Directory holding all mutable state: the database, workspaces, caches."""
+    db: Path | None = None
+    """Results database; defaults to <home>/mkb.duckdb."""
+    problems_dir: Path = Field(default_factory=lambda: _repo_root() / "problems")
+    """Root of the problem set (problems/<family>/<NN>_<name>.py)."""
+    solutions_dir: Path | None = None
+    """Validated solutions (never shown to agents); defaults to <problems_dir>/solutions."""
+    device: str = "auto"
+    """Where the judge runs kernels: cuda, cpu, or auto (cuda when a GPU is visible)."""
+    judge_timeout_s: float = 600.0
+    """Hard wall-clock limit for one judge child process."""
+    judge_memory_mb: int = 32768
+    """Address-space limit of the judge child (host memory), in MiB."""
+    judge_output_limit_bytes: int = 1_000_000
+    """Bytes of the candidate's stdout/stderr kept; the rest is discarded."""
+    base_url: str | None = None
+    """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
+
+    @property
+    def db_path(self) -> Path:
+        return self.db if self.db is not None else self.home / "mkb.duckdb"
+
+    @property
+    def solutions_path(self) -> Path:
+        return self.solutions_dir if self.solutions_dir is not None else self.problems_dir / "solutions"
+
+
+def env_value(name: str) -> str | None:
+    """Read one MKB_* variable (or any named variable, e.g. an API key) from the environment."""
+    return os.environ.get(name)
+
+
+def load_settings(**overrides) -> Settings:
+    """Build Settings: explicit overrides (flags) > MKB_* environment variables > defaults."""
+    values: dict = {}
+    for field in Settings.model_fields:
+        raw = os.environ.get(ENV_PREFIX + field.upper())
+        if raw not in (None, ""):
+            values[field] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**values)
+
+
+def environment() -> dict[str, str]:
+    """A copy of the process environment (for building child-process environments)."""
+    return dict(os.environ)
