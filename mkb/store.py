@@ -268,3 +268,75 @@ class Store:
             "status": str(record.status), "speedup": record.speedup, "kernel_ms": record.kernel_ms,
             "eager_ms": record.eager_ms, "record": record.model_dump(mode="json"), "created_at": now()})
         return eval_id
+
+    # -- runs, trials, attempts, transcripts --------------------------------------------------
+
+    def start_run(self, run_id: str, model: str, **fields: Any) -> None:
+        """Record the start of a protocol run (or a single attempt's run)."""
+        self.upsert("runs", {"run_id": run_id, "model": model, "state": "running", "started_at": now(), **fields},
+                    keys=("run_id",))
+
+    def finish_run(self, run_id: str, state: str) -> None:
+        """Mark a run finished / interrupted / failed."""
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET state = ?, finished_at = ? WHERE run_id = ?", [state, now(), run_id])
+
+    def start_attempt(self, attempt_id: str, model: str, trial_id: str, **fields: Any) -> None:
+        """Record that an attempt began (state 'running'); every later write refers to attempt_id."""
+        self.insert("attempts", {"attempt_id": attempt_id, "model": model, "trial_id": trial_id,
+                                 "state": "running", "started_at": now(), **fields})
+
+    def finish_attempt(self, attempt_id: str, state: str, status: str | None = None, **fields: Any) -> None:
+        """Close an attempt: state finished / infra_error / interrupted / skipped, plus its final status."""
+        sets = {"state": state, "status": status, "finished_at": now(), **fields}
+        with self.transaction() as db:
+            db.execute(f"UPDATE attempts SET {', '.join(f'{k} = ?' for k in sets)} WHERE attempt_id = ?",
+                       [_jsonable(v) for v in sets.values()] + [attempt_id])
+
+    def add_message(self, attempt_id: str, seq: int, message: dict[str, Any]) -> None:
+        """Append one transcript message (OpenAI wire format; metadata under 'extra') as it happens."""
+        extra = message.get("extra") or {}
+        self.insert("messages", {
+            "attempt_id": attempt_id, "seq": seq, "role": message.get("role", ""),
+            "content": message.get("content") if isinstance(message.get("content"), str | None)
+            else json.dumps(message.get("content")),
+            "tool_calls": message.get("tool_calls"), "tool_call_id": message.get("tool_call_id"),
+            "name": message.get("name"), "prompt_tokens": extra.get("prompt_tokens"),
+            "completion_tokens": extra.get("completion_tokens"), "extra": extra, "created_at": now()})
+
+    def messages(self, attempt_id: str) -> list[dict[str, Any]]:
+        """The transcript of one attempt, in order."""
+        return self.rows("SELECT * FROM messages WHERE attempt_id = ? ORDER BY seq", [attempt_id])
+
+    def add_submission(self, attempt_id: str, n: int, kind: str, record, kernel_source: str | None = None,
+                       kernel_sha256: str | None = None, queue_s: float | None = None) -> None:
+        """Record one graded submission (kind 'feedback' or 'final') with its JudgeRecord."""
+        self.insert("submissions", {
+            "attempt_id": attempt_id, "n": n, "kind": kind, "status": str(record.status),
+            "speedup": record.speedup, "kernel_ms": record.kernel_ms, "eager_ms": record.eager_ms,
+            "kernel_sha256": kernel_sha256, "kernel_source": kernel_source, "queue_s": queue_s,
+            "record": record.model_dump(mode="json"), "created_at": now()})
+
+    def put_skill(self, model: str, trial_id: str, attempt_id: str | None, text: str) -> str:
+        """Store the SKILL.md of a solo trial; returns its sha256."""
+        import hashlib
+
+        sha = hashlib.sha256(text.encode()).hexdigest()
+        self.upsert("skills", {"model": model, "trial_id": trial_id, "attempt_id": attempt_id, "text": text,
+                               "sha256": sha, "created_at": now()}, keys=("model", "trial_id"))
+        return sha
+
+    def skill(self, model: str, trial_id: str) -> dict[str, Any] | None:
+        """The stored skill of a solo trial, or None."""
+        found = self.rows("SELECT * FROM skills WHERE model = ? AND trial_id = ?", [model, trial_id])
+        return found[0] if found else None
+
+    def upsert_trial(self, model: str, trial_id: str, **fields: Any) -> None:
+        """Create or update the current state of a trial (one row per model and trial id)."""
+        self.upsert("trials", {"model": model, "trial_id": trial_id, **fields}, keys=("model", "trial_id"))
+
+    def trials(self, model: str | None = None) -> list[dict[str, Any]]:
+        """All trial rows, optionally of one model."""
+        if model is None:
+            return self.rows("SELECT * FROM trials ORDER BY model, trial_id")
+        return self.rows("SELECT * FROM trials WHERE model = ? ORDER BY trial_id", [model])
