@@ -171,7 +171,7 @@ def resolve(problem_id: str | int, catalog: list[ProblemInfo]) -> ProblemInfo:
         if key == info.name:
             return info
     names = [p.name for p in catalog] + [p.id for p in catalog]
-    close = difflib.get_close_matches(key, names, n=3, cutoff=0.4)
+    close = [] if number is not None else difflib.get_close_matches(key, names, n=3, cutoff=0.4)
     hint = f" Closest: {', '.join(close)}." if close else ""
     raise UnknownProblemError(
         f"problem '{problem_id}' not found.{hint} Run 'mkb problems list' to see the {len(catalog)} problems.")

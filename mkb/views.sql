@@ -1,0 +1,91 @@
+-- Views the analysis reads (DESIGN §8, §9). Loaded by Store at every open as TEMP views, so
+-- they never change the file and always match this mkb. They carry facts only (what happened
+-- in each trial and how trials pair into cells); metric parameters and formulas (clip bounds,
+-- thresholds, delta) live once in mkb/analysis/params.py and metrics.py.
+-- Statements are separated by ";" + newline (Store splits on it): keep comments inside them.
+
+-- One row per model: whether it is an oracle (the built-in `reference` agent or a run
+-- flagged is_oracle), and the label every table and figure shows for it.
+CREATE OR REPLACE VIEW model_labels AS
+WITH seen AS (
+    SELECT model, coalesce(is_oracle, false) AS is_oracle FROM runs
+    UNION ALL
+    SELECT DISTINCT model, false FROM trials
+)
+SELECT model,
+       bool_or(is_oracle) OR model = 'reference' AS is_oracle,
+       CASE WHEN bool_or(is_oracle) OR model = 'reference' THEN model || ' (oracle)' ELSE model END AS label
+FROM seen
+GROUP BY model;
+
+-- One row per trial with what the metrics need. `counted`: the trial enters the metrics —
+-- a finished attempt whose final grading was not an infrastructure failure, or a skill trial
+-- skipped because its source wrote no SKILL.md (scored as no change). Trials that ended in
+-- infra_error, were interrupted or are still running are never charged to the model.
+-- `attempted`: an attempt was made and graded (counted and not skipped). `speedup` is 0
+-- unless passed (DESIGN §9).
+CREATE OR REPLACE VIEW trial_outcomes AS
+SELECT t.model, m.is_oracle, m.label AS model_label, t.trial_id, t.run_id, t.problem_id,
+       coalesce(p.family, 'unknown') AS family, t.replicate, t.arm, t.dsl, t.state, t.status,
+       (t.state = 'finished' AND coalesce(t.status, '') <> 'infra_error')
+           OR (t.state = 'skipped' AND ends_with(t.arm, '_skill')) AS counted,
+       t.state = 'finished' AND coalesce(t.status, '') <> 'infra_error' AS attempted,
+       t.state = 'skipped' AND ends_with(t.arm, '_skill') AS skipped,
+       t.state = 'finished' AND t.status = 'passed' AS passed,
+       CASE WHEN t.state = 'finished' AND t.status = 'passed' THEN coalesce(t.speedup, 0) ELSE 0 END AS speedup,
+       t.source_trial_id, t.skill_sha256, t.kernel_ms, t.eager_ms, t.wall_s, t.queue_s,
+       t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd
+FROM trials t
+JOIN model_labels m USING (model)
+LEFT JOIN problems p USING (problem_id);
+
+-- One row per cell (model, problem, direction, replicate) that has at least one of its three
+-- trials: source = solo in DSL a, base = solo in DSL b, skill = a2b_skill (DESIGN §1).
+-- `complete`: base and skill are both counted, so the cell has a paired ratio.
+CREATE OR REPLACE VIEW cells AS
+WITH directions(direction, source_arm, base_arm, skill_arm) AS (
+    VALUES ('cutedsl2tirx', 'solo_cutedsl', 'solo_tirx', 'cutedsl2tirx_skill'),
+           ('tirx2cutedsl', 'solo_tirx', 'solo_cutedsl', 'tirx2cutedsl_skill')
+),
+keys AS (
+    SELECT DISTINCT o.model, o.is_oracle, o.model_label, o.problem_id, o.family, o.replicate, d.*
+    FROM trial_outcomes o
+    JOIN directions d ON o.arm IN (d.source_arm, d.base_arm, d.skill_arm)
+)
+SELECT k.model, k.is_oracle, k.model_label, k.problem_id, k.family, k.direction, k.replicate,
+       k.source_arm, k.base_arm, k.skill_arm,
+       src.trial_id AS source_trial_id, src.state AS source_state, src.status AS source_status,
+       coalesce(src.counted, false) AS source_counted, src.passed AS source_passed,
+       src.speedup AS source_speedup,
+       base.trial_id AS base_trial_id, base.state AS base_state, base.status AS base_status,
+       coalesce(base.counted, false) AS base_counted, base.passed AS base_passed,
+       base.speedup AS base_speedup,
+       skill.trial_id AS skill_trial_id, skill.state AS skill_state, skill.status AS skill_status,
+       coalesce(skill.counted, false) AS skill_counted, skill.passed AS skill_passed,
+       skill.speedup AS skill_speedup, coalesce(skill.skipped, false) AS skill_skipped,
+       coalesce(skill.skill_sha256, sk.sha256) AS skill_sha256,
+       coalesce(base.counted, false) AND coalesce(skill.counted, false) AS complete
+FROM keys k
+LEFT JOIN trial_outcomes src
+    ON src.model = k.model AND src.problem_id = k.problem_id AND src.replicate = k.replicate
+   AND src.arm = k.source_arm
+LEFT JOIN trial_outcomes base
+    ON base.model = k.model AND base.problem_id = k.problem_id AND base.replicate = k.replicate
+   AND base.arm = k.base_arm
+LEFT JOIN trial_outcomes skill
+    ON skill.model = k.model AND skill.problem_id = k.problem_id AND skill.replicate = k.replicate
+   AND skill.arm = k.skill_arm
+LEFT JOIN skills sk ON sk.model = k.model AND sk.trial_id = src.trial_id;
+
+-- Usage per model and arm over the attempts made (counted, not skipped): tokens, cost, time.
+CREATE OR REPLACE VIEW arm_usage AS
+SELECT model, model_label, is_oracle, arm,
+       count(*) AS attempts,
+       sum(prompt_tokens) AS prompt_tokens, sum(completion_tokens) AS completion_tokens,
+       avg(prompt_tokens) AS prompt_tokens_mean, avg(completion_tokens) AS completion_tokens_mean,
+       sum(cost_usd) AS cost_usd, avg(cost_usd) AS cost_usd_mean,
+       sum(wall_s) AS wall_s, avg(wall_s) AS wall_s_mean, median(wall_s) AS wall_s_median,
+       avg(queue_s) AS queue_s_mean, avg(n_submissions) AS n_submissions_mean
+FROM trial_outcomes
+WHERE attempted
+GROUP BY model, model_label, is_oracle, arm

@@ -1,0 +1,138 @@
+"""The CLI through click's CliRunner: problems, db, settings, reproduce, help everywhere."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from mkb.cli import main
+from mkb.problems import load_catalog
+from mkb.settings import load_settings
+
+CATALOG = load_catalog(load_settings().problems_dir)
+
+
+def run(*args, **kw):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
+
+
+def _commands(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,)
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path", [()] + sorted(_commands(main)))
+def test_every_command_has_help_with_an_example(path):
+    result = run(*path, "--help")
+    assert result.exit_code == 0
+    assert "Usage:" in result.stdout
+    if path:
+        assert "Example" in result.stdout, f"mkb {' '.join(path)} --help lacks an Example block"
+
+
+def test_problems_list_json_has_the_contract_fields():
+    result = run("problems", "list", "--json")
+    assert result.exit_code == 0
+    rows = json.loads(result.stdout)
+    assert [r["id"] for r in rows] == [p.id for p in CATALOG]
+    first = rows[0]
+    assert {"id", "number", "name", "family", "dsl_variants", "fingerprint"} <= set(first)
+    assert first["dsl_variants"] == ["cutedsl", "tirx"]
+    assert first["id"] == f"p{first['number']:02d}"
+
+
+def test_problems_list_filters_by_family():
+    family = CATALOG[0].family
+    rows = json.loads(run("problems", "list", "--family", family, "--json").stdout)
+    assert rows and {r["family"] for r in rows} == {family}
+
+
+def test_problems_show_gives_shapes_and_sol():
+    info = CATALOG[0]
+    result = run("problems", "show", str(info.number), "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["id"] == info.id and data["sol_bytes"] == info.sol_bytes
+    assert data["inputs"]["items"] and data["outputs"]
+
+
+def test_unknown_problem_is_one_line_with_a_hint():
+    result = run("problems", "show", "p99")
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: problem 'p99' not found. Run 'mkb problems list' to see the {len(CATALOG)} problems."]
+
+
+def test_problems_check_smoke_cpu_records_reports(mkb_home):
+    first = CATALOG[0].id
+    result = run("problems", "check", first, "--record", "--json")
+    assert result.exit_code == 0, result.stderr
+    reports = json.loads(result.stdout)
+    assert reports[0]["problem"] == first and reports[0]["ok"] is True
+    rows = json.loads(run("db", "query", "SELECT problem_id, ok FROM problem_checks", "--json").stdout)
+    assert rows == [{"problem_id": first, "ok": True}]
+
+
+def test_problems_check_cuda_without_gpu_is_a_clear_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    result = run("problems", "check", CATALOG[0].id, "--device", "cuda")
+    assert result.exit_code == 1
+    assert "no CUDA GPU is visible" in result.stderr
+
+
+def test_problems_stats_counts_families():
+    rows = json.loads(run("problems", "stats", "--json").stdout)
+    assert sum(r["count"] for r in rows) == len(CATALOG)
+
+
+def test_db_init_path_and_query(mkb_home, tmp_path):
+    db = tmp_path / "x.duckdb"
+    assert run("--db", str(db), "db", "path").stdout.strip() == str(db)
+    assert run("db", "path").stdout.strip() == str(mkb_home / "mkb.duckdb")
+    assert run("--db", str(db), "db", "init").exit_code == 0
+    out = run("--db", str(db), "db", "query", "SELECT count(*) AS n FROM problems", "--json")
+    assert json.loads(out.stdout) == [{"n": len(CATALOG)}]
+    csv_out = run("--db", str(db), "db", "query", "SELECT problem_id FROM problems ORDER BY number", "--csv")
+    assert csv_out.stdout.splitlines()[:2] == ["problem_id", CATALOG[0].id]
+
+
+def test_db_query_errors_are_one_line(tmp_path):
+    db = tmp_path / "x.duckdb"
+    run("--db", str(db), "db", "init")
+    bad = run("--db", str(db), "db", "query", "SELEC nonsense")
+    assert bad.exit_code == 1 and bad.stderr.startswith("Error: query failed")
+    corrupt = tmp_path / "corrupt.duckdb"
+    corrupt.write_bytes(b"garbage" * 1000)
+    result = run("--db", str(corrupt), "db", "query", "SELECT 1")
+    assert result.exit_code == 1 and "not a readable mkb database" in result.stderr
+    assert corrupt.read_bytes() == b"garbage" * 1000
+    missing = run("--db", str(tmp_path / "none.duckdb"), "db", "query", "SELECT 1")
+    assert missing.exit_code == 1 and "mkb db init" in missing.stderr
+
+
+def test_settings_reflect_env_and_flags(monkeypatch, tmp_path):
+    monkeypatch.setenv("MKB_JUDGE_TIMEOUT_S", "42")
+    rows = json.loads(run("--db", str(tmp_path / "f.duckdb"), "settings", "--json").stdout)
+    values = {r["setting"]: r["value"] for r in rows}
+    assert values["judge_timeout_s"] == 42.0
+    assert values["db_path"] == str(tmp_path / "f.duckdb")
+
+
+def test_reproduce_on_cpu_validates_and_records(mkb_home, monkeypatch, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("GPU machines run the full-scale form")
+    result = run("reproduce")
+    assert result.exit_code == 0, result.stderr
+    assert "no GPU visible" in result.stderr
+    rows = json.loads(run("db", "query", "SELECT count(*) AS n FROM problem_checks WHERE ok", "--json").stdout)
+    assert rows == [{"n": len(CATALOG)}]

@@ -1,0 +1,158 @@
+"""The problem catalog: contract validation, fingerprints, id resolution, QA checks."""
+
+from __future__ import annotations
+
+import hashlib
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from mkb import problems
+from mkb.errors import ProblemFormatError, UnknownProblemError
+from mkb.settings import load_settings
+
+REPO_PROBLEMS = load_settings().problems_dir
+
+GOOD = '''\
+"""Add one to a vector."""
+# Source: a toy problem for tests; 16 fp32 values, redrawn per draw.
+import torch
+
+DTYPE = "fp32"
+SOL = {"flops": 16, "bytes": 2 * 4 * 16}
+
+
+def make_inputs(device="cuda", scale="full"):
+    return [torch.randn(16, device=device)]
+
+
+def reference(x):
+    return x + 1
+'''
+
+
+def write(root: Path, rel: str, text: str) -> Path:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_good_file_parses_with_metadata_and_fingerprint(tmp_path):
+    path = write(tmp_path, "mlp_norm/30_toy_add.py", GOOD)
+    info = problems.parse_problem(path)
+    assert (info.id, info.name, info.family, info.dtype) == ("p30", "toy_add", "mlp_norm", "fp32")
+    assert info.sol_bytes == 128 and info.sol_flops == 16
+    assert info.description == "Add one to a vector."
+    assert info.source.startswith("Source: a toy problem")
+    assert info.fingerprint == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("rel, text, message", [
+    ("mlp_norm/30_Toy.py", GOOD, "file name"),
+    ("misc/30_toy.py", GOOD, "folder must be"),
+    ("attention/30_toy.py", GOOD, "numbered 01-18"),
+    ("mlp_norm/30_toy.py", GOOD.replace('"""Add one to a vector."""', '"""Add one.\n\nMore."""'), "exactly one line"),
+    ("mlp_norm/30_toy.py", GOOD.replace('"""Add one to a vector."""\n', ""), "docstring"),
+    ("mlp_norm/30_toy.py", GOOD.replace("# Source: a toy problem for tests; 16 fp32 values, redrawn per draw.\n", ""),
+     "header comment"),
+    ("mlp_norm/30_toy.py", GOOD.replace("def reference(x)", "def ref(x)"), "no reference"),
+    ("mlp_norm/30_toy.py", GOOD.replace('device="cuda", scale="full"', "n"), "make_inputs must take"),
+    ("mlp_norm/30_toy.py", GOOD.replace("def make_inputs", "def make"), "no make_inputs"),
+    ("mlp_norm/30_toy.py", GOOD.replace('DTYPE = "fp32"', "DTYPE = torch.float32"), "DTYPE must be a literal"),
+    ("mlp_norm/30_toy.py", GOOD.replace('"bytes": 2 * 4 * 16', '"bytes": N'), "SOL must be a literal"),
+    ("mlp_norm/30_toy.py", GOOD.replace('"bytes": 2 * 4 * 16', '"bites": 1'), "SOL must be a dict"),
+    ("mlp_norm/30_toy.py", GOOD + "\nMARGIN = 1e-3\n", "decision_margin"),
+    ("mlp_norm/30_toy.py", GOOD + "\nTOLERANCE = {'factor': 6}\n", "TOLERANCE must be"),
+    ("mlp_norm/30_toy.py", GOOD.replace("return x + 1", "return x +"), "syntax error"),
+])
+def test_malformed_files_are_rejected_naming_the_rule(tmp_path, rel, text, message):
+    path = write(tmp_path, rel, text)
+    with pytest.raises(ProblemFormatError, match=message):
+        problems.parse_problem(path)
+
+
+def test_duplicate_numbers_are_rejected(tmp_path):
+    write(tmp_path, "mlp_norm/30_toy_a.py", GOOD)
+    write(tmp_path, "mlp_norm/30_toy_b.py", GOOD)
+    with pytest.raises(ProblemFormatError, match="collide"):
+        problems.load_catalog(tmp_path)
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    write(tmp_path, "mlp_norm/28_fused_add_rmsnorm_h4096.py", GOOD)
+    write(tmp_path, "attention/07_gqa_paged_prefill.py", GOOD)
+    return problems.load_catalog(tmp_path)
+
+
+@pytest.mark.parametrize("key", ["7", "07", "p07", "P07", "07_gqa_paged_prefill", "p07_gqa_paged_prefill",
+                                 "gqa_paged_prefill"])
+def test_ids_resolve_in_every_accepted_form(catalog, key):
+    assert problems.resolve(key, catalog).id == "p07"
+
+
+def test_unknown_id_names_closest_matches(catalog):
+    with pytest.raises(UnknownProblemError, match="'gqa_paged_prefil' not found. Closest: gqa_paged_prefill"):
+        problems.resolve("gqa_paged_prefil", catalog)
+    with pytest.raises(UnknownProblemError, match="'p99' not found"):
+        problems.resolve("p99", catalog)
+    with pytest.raises(UnknownProblemError):
+        problems.resolve("07_wrong_name", catalog)
+
+
+def test_select_by_glob_and_family(catalog):
+    assert [p.id for p in problems.select(["p0*"], catalog)] == ["p07"]
+    assert [p.id for p in problems.select(None, catalog, ["mlp_norm"])] == ["p28"]
+    with pytest.raises(UnknownProblemError, match="no problem matches"):
+        problems.select(["p5*"], catalog)
+
+
+def test_repository_problem_set_is_valid():
+    catalog = problems.load_catalog(REPO_PROBLEMS)
+    assert catalog, "problems/ holds no problems"
+    assert len({p.number for p in catalog}) == len(catalog)
+
+
+def _toy(tmp_path, body: str, extra: str = "") -> problems.ProblemInfo:
+    text = GOOD.replace("    return x + 1", body) + extra
+    return problems.parse_problem(write(tmp_path, "mlp_norm/30_toy.py", text))
+
+
+def _failed(report) -> set[str]:
+    return {c.name for c in report.checks if not c.ok}
+
+
+def test_qa_passes_a_good_problem(tmp_path):
+    from mkb.qa import check_problem
+
+    report = check_problem(_toy(tmp_path, "    return x + 1"))
+    assert report.ok, report.checks
+    assert report.outputs == {"shape": [16], "dtype": "float32", "device": "cpu"}
+
+
+@pytest.mark.parametrize("body, failed", [
+    ("    return torch.zeros_like(x)", {"non_degenerate", "sensitivity"}),
+    ("    return x.float() + 1", {"anchor_float64"}),
+    ("    x.add_(1)\n    return x", {"no_mutation"}),
+    ("    return x / 0", {"finite"}),
+    ("    return (x > 0).to(torch.int32)", {"exact_flag"}),
+    ("    return [x + 1]", {"structure"}),
+    ("    return x + torch.randn(1)", {"determinism"}),
+    ("    raise RuntimeError('boom')", {"runs"}),
+])
+def test_qa_catches_ill_posed_problems(tmp_path, body, failed):
+    from mkb.qa import check_problem
+
+    report = check_problem(_toy(tmp_path, body))
+    assert not report.ok
+    assert failed <= _failed(report)
+
+
+def test_qa_checks_decision_margin(tmp_path):
+    from mkb.qa import check_problem
+
+    extra = "\nMARGIN = 10.0\nEXACT = True\n\ndef decision_margin(x):\n    return float(x.abs().min())\n"
+    report = check_problem(_toy(tmp_path, "    return torch.argsort(x)", extra))
+    assert "margin" in _failed(report)
