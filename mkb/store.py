@@ -207,17 +207,16 @@ class Store:
 
     def query(self, sql: str, params: list | None = None) -> tuple[list[str], list[tuple]]:
         """Run SQL; return (column names, rows)."""
+        # On the main connection, not a cursor: a cursor is a separate DuckDB connection and
+        # cannot see the TEMP views of views.sql. The lock serialises use of self.db.
         with self._lock:
-            cursor = self.db.cursor()
             try:
-                result = cursor.execute(sql, params or [])
+                result = self.db.execute(sql, params or [])
                 if result.description is None:
                     return [], []
                 return [d[0] for d in result.description], result.fetchall()
             except duckdb.Error as exc:
                 raise StoreError(f"query failed: {str(exc).splitlines()[0]}") from None
-            finally:
-                cursor.close()
 
     def rows(self, sql: str, params: list | None = None) -> list[dict[str, Any]]:
         """Run SQL; return rows as dicts."""
