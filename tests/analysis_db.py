@@ -1,0 +1,87 @@
+"""Results databases with known outcomes, built through the Store API (for the analysis tests)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from mkb.records import FAMILIES, FAMILY_SIZES, Arm, ProblemInfo
+from mkb.store import Store
+
+
+def add_problem(store: Store, number: int, family: str) -> str:
+    """Record a problem in the problems table; returns its id."""
+    store.upsert_problems([ProblemInfo(
+        number=number, name=f"problem_{number:02d}", family=family, path=f"/x/{number:02d}.py",
+        description="d", source="s", dtype="bf16", sol_flops=1.0, sol_bytes=1.0, fingerprint="f")])
+    return f"p{number:02d}"
+
+
+def add_trial(store: Store, model: str, problem: str, arm: Arm | str, replicate: int = 1,
+              state: str = "finished", status: str | None = "passed", speedup: float | None = 1.0,
+              **fields) -> str:
+    """Record one trial (p<NN>_r<k>_<arm>); speedup is dropped unless passed."""
+    arm = Arm(arm)
+    trial_id = f"{problem}_r{replicate}_{arm}"
+    if arm.is_skill:
+        fields.setdefault("source_trial_id", f"{problem}_r{replicate}_{arm.source}")
+    store.upsert_trial(model, trial_id, problem_id=problem, replicate=replicate, arm=str(arm),
+                       dsl=str(arm.dsl), state=state, status=status if state == "finished" else None,
+                       speedup=speedup if status == "passed" and state == "finished" else None, **fields)
+    return trial_id
+
+
+def add_cell_trials(store: Store, model: str, problem: str, speedups: dict, replicate: int = 1) -> None:
+    """Four arms at once: speedups maps arm -> speedup (passed), None (failed: incorrect),
+    'skipped', 'infra_error' or 'missing'."""
+    for arm in Arm:
+        value = speedups.get(arm, speedups.get(str(arm), "missing"))
+        if value == "missing":
+            continue
+        if value == "skipped":
+            add_trial(store, model, problem, arm, replicate, state="skipped", status=None)
+        elif value == "infra_error":
+            add_trial(store, model, problem, arm, replicate, state="infra_error", status=None)
+        elif value is None:
+            add_trial(store, model, problem, arm, replicate, status="incorrect")
+        else:
+            add_trial(store, model, problem, arm, replicate, speedup=value,
+                      prompt_tokens=10_000, completion_tokens=2_000, cost_usd=0.5, wall_s=600.0,
+                      queue_s=5.0, n_submissions=3)
+
+
+def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-c"), seed: int = 7) -> Path:
+    """A full-size synthetic database (74 problems, the given models plus the reference oracle)."""
+    rng = random.Random(seed)
+    with Store(path) as store:
+        number = 1
+        problems = []
+        for family in FAMILIES:
+            for _ in range(FAMILY_SIZES[family]):
+                problems.append(add_problem(store, number, family))
+                number += 1
+        store.start_run("run-oracle", "reference", is_oracle=True)
+        for m, model in enumerate((*models, "reference")):
+            skill_pass = 0.35 + 0.1 * m
+            for problem in problems:
+                for arm in Arm:
+                    oracle = model == "reference"
+                    roll = rng.random()
+                    if not oracle and arm.is_skill and roll < 0.04:
+                        add_trial(store, model, problem, arm, state="skipped", status=None)
+                        continue
+                    if not oracle and roll > 0.98:
+                        add_trial(store, model, problem, arm, state="infra_error", status=None)
+                        continue
+                    p_pass = 1.0 if oracle else (skill_pass + 0.1 if arm.is_skill else skill_pass)
+                    passed = rng.random() < p_pass
+                    speedup = round(2 ** rng.gauss(0.3 if oracle else -0.2, 1.2), 3)
+                    add_trial(store, model, problem, arm, status="passed" if passed else "incorrect",
+                              speedup=speedup, prompt_tokens=rng.randint(50_000, 400_000),
+                              completion_tokens=rng.randint(5_000, 60_000),
+                              cost_usd=None if oracle else round(rng.uniform(0.2, 4.0), 2),
+                              wall_s=rng.uniform(300, 2400), queue_s=rng.uniform(0, 60),
+                              n_submissions=rng.randint(1, 10))
+                    if not arm.is_skill and rng.random() < 0.97:
+                        store.put_skill(model, f"{problem}_r1_{arm}", None, f"skill for {problem} {arm}")
+    return path
