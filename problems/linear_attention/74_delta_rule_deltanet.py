@@ -10,6 +10,8 @@
 # All math in fp32; o rounded to bf16, the final state returned in fp32.
 # Workload: B 8 x 16 heads x T 1024. Fixed: shapes.
 # Redrawn per draw: q, k, v ~ N(0, 1); beta = sigmoid(N(0, 1)); initial_state ~ N(0, 1).
+# Tolerance factor 6 (not 3): a valid fp32 evaluation of the same recurrence in another order
+# (token by token) lands at ~2.4x the reference's own fp32 error on the final state.
 import torch
 
 DTYPE = "bf16"
@@ -18,6 +20,8 @@ SOL = {
     "bytes": 3 * 2 * 8 * 16 * 1024 * 128 + 2 * 8 * 16 * 1024 + 4 * 8 * 16 * 128 * 128
     + 2 * 8 * 16 * 1024 * 128 + 4 * 8 * 16 * 128 * 128,
 }
+
+TOLERANCE = {"factor": 6.0, "reason": "the fp32 final state after 1,024 sequential delta-rule steps: a token-by-token fp32 recurrence was measured at 2.4x the chunked reference's own error (H200, full scale)"}
 
 CHUNK = 64
 L2_EPS = 1e-6
