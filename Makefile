@@ -15,13 +15,15 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Everything but torch comes from requirements.lock (hash-pinned, shared with the Docker image;
+# regenerate with scripts/lock.sh). torch's build is chosen per machine: TORCH_SPEC (default the
+# CPU wheel these machines carry; a GPU machine sets e.g. TORCH_SPEC='torch==2.11.0').
+$(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# torch first: a plain 'pip install torch' would pull a multi-GB CUDA build on CPU machines;
-	# TORCH_SPEC lets a GPU machine choose its own build.
-	$(PY) -m pip install -q "$${TORCH_SPEC:-torch==2.13.0}"
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps "$${TORCH_SPEC:-torch==2.13.0}"
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -53,7 +53,8 @@ def m001_initial(db: duckdb.DuckDBPyConnection) -> None:
         problem_id VARCHAR NOT NULL, replicate INTEGER NOT NULL, arm VARCHAR NOT NULL,
         dsl VARCHAR NOT NULL, source_trial_id VARCHAR, state VARCHAR NOT NULL, status VARCHAR,
         speedup DOUBLE, kernel_ms DOUBLE, eager_ms DOUBLE, fingerprint VARCHAR,
-        skill_sha256 VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP, wall_s DOUBLE,
+        fingerprint_parts JSON, skill_sha256 VARCHAR, started_at TIMESTAMP, finished_at TIMESTAMP,
+        wall_s DOUBLE,
         queue_s DOUBLE, n_submissions INTEGER, n_turns INTEGER, prompt_tokens BIGINT,
         completion_tokens BIGINT, cost_usd DOUBLE, message VARCHAR,
         PRIMARY KEY (model, trial_id))""")
