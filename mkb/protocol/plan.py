@@ -52,6 +52,8 @@ def fingerprint(parts: FingerprintParts) -> str:
 
 def stale_reasons(old: dict | None, new: FingerprintParts) -> list[str]:
     """Which parts changed between a stored fingerprint record and the current one."""
+    if isinstance(old, str):  # DuckDB hands JSON columns back as text
+        old = json.loads(old)
     if not old:
         return ["no fingerprint stored"]
     return [k for k, v in new.model_dump(mode="json").items() if old.get(k) != v]

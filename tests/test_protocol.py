@@ -1,0 +1,125 @@
+"""Protocol core: trial expansion, planning from the store, skill transfer and recording."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from mkb.problems import load_catalog
+from mkb.protocol.plan import Action, FingerprintParts, TrialSpec, expand, plan
+from mkb.protocol.pool import JudgePool
+from mkb.protocol.runner import Outcome, ProtocolRun
+from mkb.records import Arm
+from mkb.settings import load_settings
+
+PROBLEMS = load_catalog(load_settings().problems_dir)[:2]
+
+
+def parts_for(spec: TrialSpec, skill_sha: str | None, problem_sha: str | None = None) -> FingerprintParts:
+    return FingerprintParts(problem=problem_sha or spec.problem.fingerprint, templates="t", docs="d",
+                            toolchain={"torch": "x"}, source_skill=skill_sha)
+
+
+def test_expand_pulls_in_source_solos_and_names_trials():
+    specs = expand(PROBLEMS[:1], [Arm.CUTEDSL2TIRX_SKILL], replicates=2)
+    p = PROBLEMS[0].id
+    assert [s.trial_id for s in specs] == [f"{p}_r1_solo_cutedsl", f"{p}_r1_cutedsl2tirx_skill",
+                                           f"{p}_r2_solo_cutedsl", f"{p}_r2_cutedsl2tirx_skill"]
+    assert specs[1].source_trial_id == f"{p}_r1_solo_cutedsl"
+    only = expand(PROBLEMS[:1], list(Arm), 2, trial_glob="*_r2_tirx2cutedsl_skill")
+    assert [s.trial_id for s in only] == [f"{p}_r2_solo_tirx", f"{p}_r2_tirx2cutedsl_skill"]
+
+
+def test_plan_actions_from_stored_rows():
+    specs = expand(PROBLEMS[:1], list(Arm), 1)
+    ids = {s.arm: s.trial_id for s in specs}
+    current = {s.trial_id: parts_for(s, "sha1" if s.arm.is_skill else None) for s in specs}
+    stored = {
+        ids[Arm.SOLO_CUTEDSL]: {"state": "finished", "fingerprint_parts": current[ids[Arm.SOLO_CUTEDSL]].model_dump()},
+        ids[Arm.SOLO_TIRX]: {"state": "infra_error"},
+        ids[Arm.CUTEDSL2TIRX_SKILL]: {"state": "finished",
+                                      "fingerprint_parts": parts_for(specs[2], "old").model_dump()},
+        ids[Arm.TIRX2CUTEDSL_SKILL]: {"state": "finished", "fingerprint_parts": {}},
+    }
+    actions = {i.spec.arm: (i.action, i.reason) for i in plan(specs, stored, current)}
+    assert actions[Arm.SOLO_CUTEDSL] == (Action.REUSE, "")
+    assert actions[Arm.SOLO_TIRX][0] == Action.RERUN
+    assert actions[Arm.CUTEDSL2TIRX_SKILL] == (Action.STALE, "changed: source_skill")
+    assert actions[Arm.TIRX2CUTEDSL_SKILL] == (Action.RUN, "its source solo runs now")
+
+
+def test_a_changed_problem_makes_finished_trials_stale():
+    specs = expand(PROBLEMS[:1], [Arm.SOLO_TIRX], 1)
+    old = parts_for(specs[0], None, problem_sha="before").model_dump()
+    items = plan(specs, {specs[0].trial_id: {"state": "finished", "fingerprint_parts": old}},
+                 {specs[0].trial_id: parts_for(specs[0], None)})
+    assert (items[0].action, items[0].reason) == (Action.STALE, "changed: problem")
+
+
+def _fake_attempt(skill_for: dict, seen: list, fail: set = frozenset()):
+    def attempt(spec, ctx):
+        seen.append((spec.trial_id, ctx.skill_text))
+        ctx.on_message({"role": "user", "content": f"solve {spec.trial_id}"})
+        if spec.trial_id in fail:
+            raise RuntimeError("provider exploded")
+        return Outcome(state="finished", status="passed", speedup=1.5, kernel_ms=1.0, eager_ms=1.5,
+                       skill_text=skill_for.get(spec.arm), prompt_tokens=10, completion_tokens=5)
+    return attempt
+
+
+def test_run_transfers_skills_and_records_every_trial(store):
+    specs = expand(PROBLEMS[:1], list(Arm), 1)
+    items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
+    seen: list = []
+    skills = {Arm.SOLO_CUTEDSL: "tile rows, fuse the add", Arm.SOLO_TIRX: ""}
+    run = ProtocolRun(store, "m", "run1", _fake_attempt(skills, seen), parts_for, concurrency=2)
+    progress = run.run(items)
+    p = PROBLEMS[0].id
+    trials = {t["trial_id"]: t for t in store.trials("m")}
+    assert progress.done == 4
+    assert trials[f"{p}_r1_cutedsl2tirx_skill"]["state"] == "finished"
+    assert trials[f"{p}_r1_cutedsl2tirx_skill"]["skill_sha256"] == store.skill("m", f"{p}_r1_solo_cutedsl")["sha256"]
+    assert (f"{p}_r1_cutedsl2tirx_skill", "tile rows, fuse the add") in seen
+    # an empty SKILL.md is no skill: the dependent trial is skipped without an attempt
+    assert trials[f"{p}_r1_tirx2cutedsl_skill"]["state"] == "skipped"
+    assert f"{p}_r1_tirx2cutedsl_skill" not in [s for s, _ in seen]
+    assert store.rows("SELECT count(*) AS n FROM messages") == [{"n": 3}]
+
+
+def test_a_crashing_attempt_is_an_infra_error_and_the_run_goes_on(store):
+    specs = expand(PROBLEMS, [Arm.SOLO_TIRX], 1)
+    items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
+    bad = specs[0].trial_id
+    run = ProtocolRun(store, "m", "r", _fake_attempt({}, [], fail={bad}), parts_for)
+    run.run(items)
+    states = {t["trial_id"]: t["state"] for t in store.trials("m")}
+    assert states == {bad: "infra_error", specs[1].trial_id: "finished"}
+    rerun = plan(specs, {t["trial_id"]: t for t in store.trials("m")},
+                 {s.trial_id: parts_for(s, None) for s in specs})
+    assert [i.action for i in rerun] == [Action.RERUN, Action.REUSE]
+
+
+def test_judge_pool_runs_one_job_per_slot_and_reports_queue_time():
+    active, peak, lock = [0], [0], threading.Lock()
+    gate = threading.Event()
+
+    def grade(x, device_slot):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        gate.wait(5)
+        with lock:
+            active[0] -= 1
+        return (x, device_slot)
+
+    pool = JudgePool(grade, ["0", "1"])
+    futures = [pool.submit(i, label=str(i)) for i in range(5)]
+    gate.set()
+    results = [f.result(timeout=10) for f in futures]
+    pool.close()
+    assert sorted(r.record[0] for r in results) == list(range(5))
+    assert {r.worker for r in results} <= {"0", "1"} and peak[0] <= 2
+    assert all(r.queue_s >= 0 for r in results)
+    with pytest.raises(ValueError):
+        JudgePool(grade, [])
