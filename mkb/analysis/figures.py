@@ -1,0 +1,245 @@
+"""The report's figures (matplotlib, Agg; no pyplot state): Fig. 3, Fig. 4, pass/speedup, usage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from mkb.analysis import metrics
+from mkb.analysis.data import ARM_LABELS, ARMS, DIRECTION_LABELS, DIRECTIONS, Results
+from mkb.analysis.metrics import Outcome, Standing
+from mkb.analysis.summaries import POOLED_LABEL, model_groups, select, summarize_arm, summarize_cells
+
+OUTCOME_COLORS = {Outcome.HELP: "#2c7bb6", Outcome.NEUTRAL: "#bdbdbd", Outcome.HARM: "#d7191c"}
+ARM_COLORS = dict(zip(ARMS, ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")))
+STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 9,
+         "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "mkb",
+         "pdf.fonttype": 42, "path.simplify": False}
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure of the report: file stem, caption for the index, and how to draw it."""
+
+    name: str
+    caption: str
+    draw: Callable[[Results], Figure]
+
+
+def _pow2_label(exponent: int) -> str:
+    return f"{2 ** exponent:g}×" if exponent >= 0 else f"1/{2 ** -exponent}×"
+
+
+def _log2_axis(ax, low_exp: int, high_exp: int) -> None:
+    """Log-2 y axis from 2^low_exp to 2^high_exp, ticks every power (or every other one)."""
+    ax.set_yscale("log", base=2)
+    ax.set_ylim(2.0 ** low_exp, 2.0 ** high_exp)
+    step = 1 if high_exp - low_exp <= 8 else 2
+    exps = [e for e in range(low_exp, high_exp + 1) if e % step == 0]
+    ax.yaxis.set_major_locator(FixedLocator([2.0 ** e for e in exps]))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([_pow2_label(e) for e in exps]))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def _per_problem_ratios(cells) -> list[tuple[str, float]]:
+    """Geomean of r over each problem's complete cells (its replicates), sorted by r then problem."""
+    by_problem: dict[str, list[float]] = {}
+    for c in cells:
+        if c.complete:
+            by_problem.setdefault(c.problem_id, []).append(c.r)
+    pairs = [(p, metrics.delta_gm(rs) + 1) for p, rs in by_problem.items()]
+    return sorted(pairs, key=lambda pr: (pr[1], pr[0]))
+
+
+def draw_paired_ratios(results: Results) -> Figure:
+    """Fig. 3: per-problem paired ratio r, one panel per model (rows) and direction (columns)."""
+    params = results.params
+    groups = [(m.label, m.name) for m in results.models]
+    fig = Figure(figsize=(11, 0.9 + 2.5 * len(groups)), layout="constrained")
+    axes = fig.subplots(len(groups), len(DIRECTIONS), squeeze=False, sharey=True)
+    all_r = [c.r for c in results.complete_cells] or [1.0]
+    bound = max(2, math.ceil(max(abs(math.log2(r)) for r in all_r)))
+    for row, (label, model) in enumerate(groups):
+        for col, direction in enumerate(DIRECTIONS):
+            ax = axes[row][col]
+            cells = select(results.cells, model=model, direction=direction)
+            pairs = _per_problem_ratios(cells)
+            x = np.arange(len(pairs))
+            ratios = [r for _, r in pairs]
+            colors = [OUTCOME_COLORS[metrics.outcome(r, params.delta)] for r in ratios]
+            ax.axhspan(1 / (1 + params.delta), 1 + params.delta, color="#f0f0f0", zorder=0)
+            ax.bar(x, [r - 1 for r in ratios], bottom=1, width=0.8, color=colors, zorder=2)
+            neutral = [i for i, r in enumerate(ratios) if metrics.outcome(r, params.delta) == Outcome.NEUTRAL]
+            ax.scatter(neutral, [1.0] * len(neutral), s=9, color="#888888", zorder=4, linewidths=0)
+            ax.axhline(1, color="black", linewidth=0.8, zorder=3)
+            _log2_axis(ax, -bound, bound)
+            ax.set_xlim(-0.7, max(len(pairs), 1) - 0.3)
+            if pairs and len(pairs) <= 30:
+                ax.set_xticks(x, [p for p, _ in pairs], rotation=90, fontsize=7)
+            else:
+                ax.set_xticks([])
+            ax.set_title(f"{label} · {DIRECTION_LABELS[direction]}")
+            s = summarize_cells(cells, params, f"main/{label}/{direction}")
+            text = (f"n = {s.problems} problems\nΔGM {100 * s.dgm:+.1f}%\nT {100 * s.help:.1f}%  "
+                    f"H {100 * s.harm:.1f}%") if s.cells else "no complete cells"
+            ax.text(0.02, 0.96, text, transform=ax.transAxes, va="top", fontsize=8,
+                    bbox={"facecolor": "white", "edgecolor": "#999999", "alpha": 0.9, "pad": 3})
+            if col == 0:
+                ax.set_ylabel("r = v_skill / v_base\n(log scale)")
+            if row == len(groups) - 1:
+                ax.set_xlabel("problems, sorted by r" + ("" if len(pairs) <= 30 else f" ({len(pairs)})"))
+    handles = [matplotlib.patches.Patch(color=OUTCOME_COLORS[o], label=lbl) for o, lbl in (
+        (Outcome.HELP, f"help (r > {1 + params.delta:g})"),
+        (Outcome.NEUTRAL, f"neutral (within ±δ, δ = {params.delta:g})"),
+        (Outcome.HARM, f"harm (r < 1/{1 + params.delta:g})"))]
+    fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False)
+    return fig
+
+
+def draw_standing(results: Results) -> Figure:
+    """Fig. 4: help / neutral / harm shares by relative standing of the source, per model."""
+    groups = model_groups(results)
+    groups = groups[-1:] + groups[:-1] if groups[-1][0] == POOLED_LABEL else groups
+    ncols = min(3, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig = Figure(figsize=(3.9 * ncols, 0.8 + 2.3 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(groups):
+            ax.set_axis_off()
+            continue
+        label, is_model = groups[i]
+        cells = [c for c in select(results.cells, model=is_model) if c.standing is not None]
+        y = np.arange(len(Standing))[::-1]
+        counts = []
+        for yi, group in zip(y, Standing):
+            members = [Outcome(c.outcome) for c in cells if c.standing == group]
+            counts.append(len(members))
+            rates = metrics.outcome_rates(members)
+            left = 0.0
+            for o in (Outcome.HELP, Outcome.NEUTRAL, Outcome.HARM):
+                share = 100 * rates[o] if members else 0.0
+                ax.barh(yi, share, left=left, color=OUTCOME_COLORS[o], height=0.7)
+                if share >= 9:
+                    ax.text(left + share / 2, yi, f"{share:.0f}%", ha="center", va="center", fontsize=8,
+                            color="white" if o != Outcome.NEUTRAL else "black")
+                left += share
+        ax.set_yticks(y, [f"source {g}\n(n = {n} cells)" for g, n in zip(Standing, counts)])
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("% of cells")
+        ax.set_title(label)
+    handles = [matplotlib.patches.Patch(color=OUTCOME_COLORS[o], label=str(o)) for o in Outcome]
+    fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
+               title="Outcome of the skill-conditioned attempt vs the base solo (source tier vs base tier)")
+    return fig
+
+
+def draw_pass_speedup(results: Results) -> Figure:
+    """Pass rate / speedup ladder per arm (left) and speedups of passed attempts (right), per model."""
+    params = results.params
+    fig = Figure(figsize=(11, 0.9 + 2.6 * len(results.models)), layout="constrained")
+    axes = fig.subplots(len(results.models), 2, squeeze=False)
+    rungs = ["passed" if t == 0 else f"≥{t:g}×" for t in params.thresholds]
+    jitter = np.random.default_rng(0)
+    for row, model in enumerate(results.models):
+        ladder_ax, speed_ax = axes[row]
+        for k, arm in enumerate(ARMS):
+            s = summarize_arm(select(results.attempts, model=model.name, arm=arm), params)
+            if s.attempts:
+                ladder_ax.plot(range(len(rungs)), [100 * r for r in s.ladder], marker="o", color=ARM_COLORS[arm],
+                               label=f"{ARM_LABELS[arm]} (n={s.attempts})")
+            speeds = [a.speedup for a in select(results.attempts, model=model.name, arm=arm)
+                      if a.attempted and a.passed and a.speedup > 0]
+            if speeds:
+                speed_ax.scatter(k + jitter.uniform(-0.18, 0.18, len(speeds)), speeds, s=10, alpha=0.6,
+                                 color=ARM_COLORS[arm], linewidths=0)
+                median = float(np.median(speeds))
+                speed_ax.plot([k - 0.3, k + 0.3], [median, median], color="black", linewidth=1.5)
+        ladder_ax.set_xticks(range(len(rungs)), rungs)
+        ladder_ax.set_ylim(0, 100)
+        ladder_ax.set_ylabel("% of attempts")
+        ladder_ax.set_title(f"{model.label}: share of attempts reaching each rung")
+        ladder_ax.legend(loc="upper right", fontsize=7, frameon=False)
+        ladder_ax.grid(axis="y", color="#e0e0e0")
+        passed = [a.speedup for a in results.attempts if a.model == model.name and a.passed and a.speedup > 0]
+        low = min(-2, math.floor(math.log2(min(passed)))) if passed else -2
+        high = max(2, math.ceil(math.log2(max(passed)))) if passed else 2
+        _log2_axis(speed_ax, low, high)
+        speed_ax.axhline(1, color="#777777", linewidth=0.8, linestyle="--")
+        speed_ax.set_xlim(-0.6, len(ARMS) - 0.4)
+        speed_ax.set_xticks(range(len(ARMS)), [ARM_LABELS[a] for a in ARMS], fontsize=8)
+        speed_ax.set_ylabel("speedup vs eager\n(×, log scale)")
+        speed_ax.set_title(f"{model.label}: speedup of passed attempts (bar = median)")
+    return fig
+
+
+def draw_usage(results: Results) -> Figure:
+    """Mean tokens, cost and wall time per attempt, by model (groups) and arm (bars)."""
+    labels = [m.label for m in results.models]
+    by_key = {(u["model"], u["arm"]): u for u in results.usage}
+    panels = (("tokens per attempt (thousands)",
+               lambda u: None if u["prompt_tokens_mean"] is None and u["completion_tokens_mean"] is None
+               else ((u["prompt_tokens_mean"] or 0) + (u["completion_tokens_mean"] or 0)) / 1e3),
+              ("cost per attempt (USD)", lambda u: u["cost_usd_mean"]),
+              ("agent wall time per attempt (min)", lambda u: None if u["wall_s_mean"] is None
+               else u["wall_s_mean"] / 60))
+    fig = Figure(figsize=(12, 3.8), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    width = 0.8 / len(ARMS)
+    x = np.arange(len(labels))
+    for ax, (title, value) in zip(axes, panels):
+        for k, arm in enumerate(ARMS):
+            values = [by_key.get((m.name, str(arm))) for m in results.models]
+            heights = [np.nan if u is None or value(u) is None else value(u) for u in values]
+            offsets = x + (k - (len(ARMS) - 1) / 2) * width
+            ax.bar(offsets, heights, width=width, color=ARM_COLORS[arm], label=ARM_LABELS[arm])
+            for xi, h in zip(offsets, heights):
+                if np.isnan(h):
+                    ax.text(xi, 0, "not recorded", rotation=90, ha="center", va="bottom", fontsize=7,
+                            color="#555555")
+        ax.set_xlim(-0.5, len(labels) - 0.5)
+        ax.set_xticks(x, labels, rotation=20 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
+                      rotation_mode="anchor")
+        ax.set_title(title)
+        ax.grid(axis="y", color="#e0e0e0")
+        ax.set_axisbelow(True)
+    fig.legend(handles=axes[0].get_legend_handles_labels()[0], loc="outside upper center", ncols=len(ARMS),
+               frameon=False)
+    return fig
+
+
+FIGURES = (
+    FigureSpec("fig3_paired_ratios", "Fig. 3. Per-problem paired ratio r = v_skill / v_base (geomean over "
+               "replicates), sorted, by model (rows) and direction (columns); shaded band = ±δ.",
+               draw_paired_ratios),
+    FigureSpec("fig4_standing", "Fig. 4. Help / neutral / harm shares by relative standing of the source "
+               "(source tier vs base tier), both directions pooled.", draw_standing),
+    FigureSpec("fig5_pass_speedup", "Pass rate and speedup ladder per arm (left) and speedups of passed "
+               "attempts (right), by model.", draw_pass_speedup),
+    FigureSpec("fig6_usage", "Mean tokens, cost and agent wall time per attempt, by model and arm.", draw_usage),
+)
+
+
+def save(fig: Figure, stem: Path) -> list[Path]:
+    """Write stem.png and stem.pdf with fixed metadata, so the same results give the same bytes."""
+    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    fig.savefig(png, dpi=150, metadata={"Software": None})
+    fig.savefig(pdf, metadata={"Creator": "mkb report", "Producer": None, "CreationDate": None})
+    return [png, pdf]
+
+
+def write_figures(results: Results, out_dir: Path) -> list[tuple[FigureSpec, list[Path]]]:
+    """Draw and save every figure under out_dir; returns each spec with its files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    with matplotlib.rc_context(STYLE):
+        for spec in FIGURES:
+            written.append((spec, save(spec.draw(results), out_dir / spec.name)))
+    return written
