@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ from mkb.analysis import metrics
 from mkb.analysis.data import ARM_LABELS, ARMS, DIRECTION_LABELS, DIRECTIONS, Results
 from mkb.analysis.metrics import Outcome, Standing
 from mkb.analysis.summaries import POOLED_LABEL, model_groups, select, summarize_arm, summarize_cells
+
+# Embedding fonts in PDFs makes fontTools log every subsetting step at INFO; that is not news.
+logging.getLogger("fontTools").setLevel(logging.WARNING)
 
 OUTCOME_COLORS = {Outcome.HELP: "#2c7bb6", Outcome.NEUTRAL: "#bdbdbd", Outcome.HARM: "#d7191c"}
 ARM_COLORS = dict(zip(ARMS, ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")))

@@ -116,7 +116,9 @@ def to_markdown(table: Table) -> str:
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
           "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-          "→": r"$\rightarrow$", "≥": r"$\geq$", "–": "--", "δ": r"$\delta$", "·": r"$\cdot$"}
+          "<": r"\textless{}", ">": r"\textgreater{}", "→": r"$\rightarrow$", "≥": r"$\geq$", "–": "--",
+          "δ": r"$\delta$", "Δ": r"$\Delta$", "×": r"$\times$", "±": r"$\pm$", "…": r"\ldots{}",
+          "·": r"$\cdot$"}
 
 
 def latex_escape(text: str) -> str:
