@@ -5,8 +5,8 @@
 # gradient (main grad). The total gradient of r = dL/dr (from later layers) + RMSNorm backward of
 # dL/dy; it is returned cast to bf16 for the sublayer branch and in fp32 for the stream.
 # Workload: 64 sequences x 2,048 tokens = 131,072 tokens x 2560. The slot's 64 x 8,192 tokens
-# (with fp32 stream tensors, ~16 GB of inputs and ~50 GB of eager working set, ~4x that for the
-# fp64 anchor) is cut to 64 x 2,048 to stay within 40 GB; the structure is unchanged.
+# is cut to 64 x 2,048 to stay within 40 GB: at this size the eager reference peaks at 26 GB on an
+# H200 (fp32 stream tensors and fp32 temporaries), so the slot's size would need ~100 GB.
 # Fixed: shapes, eps. Redrawn per draw: x, residual, grad_y, grad_r (N(0,1)), weight (1 + 0.1 N).
 import torch
 
