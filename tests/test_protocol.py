@@ -60,7 +60,7 @@ def test_a_changed_problem_makes_finished_trials_stale():
 def _fake_attempt(skill_for: dict, seen: list, fail: set = frozenset()):
     def attempt(spec, ctx):
         seen.append((spec.trial_id, ctx.skill_text))
-        ctx.on_message({"role": "user", "content": f"solve {spec.trial_id}"})
+        ctx.on_message(0, {"role": "user", "content": f"solve {spec.trial_id}"})
         if spec.trial_id in fail:
             raise RuntimeError("provider exploded")
         return Outcome(state="finished", status="passed", speedup=1.5, kernel_ms=1.0, eager_ms=1.5,

@@ -57,7 +57,7 @@ class AttemptContext:
 
     attempt_id: str
     skill_text: str | None
-    on_message: Callable[[dict], None]
+    on_message: Callable[[int, dict], None]
     cancel: threading.Event
 
 
@@ -139,9 +139,8 @@ class ProtocolRun:
                                 started_at=now(), **base)
         self.progress.running[spec.trial_id] = time.monotonic()
         self.on_event("start", spec, self.progress)
-        seq = iter(range(10**9))
         ctx = AttemptContext(attempt_id, skill["text"] if skill else None,
-                             lambda m: self.store.add_message(attempt_id, next(seq), m), self.cancel)
+                             lambda seq, m: self.store.add_message(attempt_id, seq, m), self.cancel)
         outcome = Outcome(state="interrupted", message="the attempt did not finish")
         try:
             outcome = self.attempt(spec, ctx)

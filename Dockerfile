@@ -1,0 +1,43 @@
+# MetaKernelBench image: both DSL toolchains, the problem set, docs and templates; entrypoint `mkb`.
+#
+#   make image                      # production: CUDA 13 devel base (pinned by digest), Python 3.12
+#   docker run --gpus all -e OPENROUTER_API_KEY -v $PWD/results:/results mkb run-model openrouter/<model>
+#
+# Python packages come only from build/wheelhouse (made on the host by scripts/wheelhouse.sh from the
+# hash-locked requirements.lock), so the build needs no registry. CI builds the same file with
+# --build-arg BASE=local/debian:bookworm (a debootstrapped base; no registry is reachable there).
+ARG BASE=nvidia/cuda:13.0.1-devel-ubuntu24.04@sha256:7d2f6a8c2071d911524f95061a0db363e24d27aa51ec831fcccf9e76eb72bc92
+FROM ${BASE}
+
+ARG TORCH_SPEC=torch==2.11.0
+ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
+    MKB_HOME=/results VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+
+RUN apt-get update -qq \
+ && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
+COPY build/wheelhouse /tmp/wheelhouse
+COPY requirements.lock /tmp/requirements.lock
+RUN python3 -m venv /opt/venv \
+ && pip install -q --no-index --find-links /tmp/wheelhouse "${TORCH_SPEC}" \
+ && pip install -q --no-index --find-links /tmp/wheelhouse --require-hashes --no-deps -r /tmp/requirements.lock \
+ && rm -rf /tmp/wheelhouse
+
+COPY pyproject.toml README.md /opt/mkb/
+COPY mkb /opt/mkb/mkb
+COPY problems /opt/mkb/problems
+COPY docs /opt/mkb/docs
+COPY artifact /opt/mkb/artifact
+COPY tests /opt/mkb/tests
+RUN pip install -q --no-index --no-deps --no-build-isolation -e /opt/mkb && pip check \
+ && useradd --create-home --uid 1000 mkb && mkdir -p /results && chown mkb /results
+
+# Build-time smoke test: both DSLs import and compile a kernel for sm_90a (no GPU needed).
+USER mkb
+RUN MKB_ARCH=sm_90a python -m mkb.dsl_smoke
+
+WORKDIR /opt/mkb
+VOLUME /results
+ENTRYPOINT ["mkb"]
+CMD ["--help"]

@@ -1,0 +1,157 @@
+"""`mkb run-model`: the whole protocol for one model (or the `reference` oracle)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from mkb.cli import console, emit, settings_from
+from mkb.records import FAMILIES, Arm
+
+
+def judge_grader(settings, device: str):
+    """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
+    from mkb.judge import grade
+
+    def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
+        return grade(problem, kernel_path, dsl, device=device, settings=settings,
+                     visible_devices=None if device_slot == "cpu" else device_slot)
+
+    return run
+
+
+def executor_factory(sandbox: str, image: str):
+    """A workspace executor per attempt: bubblewrap on this host, or a Docker container."""
+    from mkb.agent.executor import LocalExecutor
+
+    if sandbox == "docker":
+        from mkb.agent.docker_executor import DockerExecutor
+
+        return lambda workdir: DockerExecutor(workdir, image)
+    return lambda workdir: LocalExecutor(workdir)
+
+
+class _Live:
+    """The progress view: a rich Live table on a terminal, plain log lines otherwise."""
+
+    def __init__(self, total_hint: int):
+        self.pool = None
+        self.started = time.monotonic()
+        self.live = None
+        if console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(console=console, refresh_per_second=2, transient=False)
+
+    def __enter__(self):
+        if self.live:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live:
+            self.live.__exit__(*exc)
+
+    def event(self, kind, spec, progress):
+        if self.live is None:
+            console.print(f"[{time.monotonic() - self.started:7.0f}s] {kind:5} {spec.trial_id} "
+                          f"({progress.done}/{progress.total} done, {progress.passed} passed)")
+            return
+        from rich.table import Table
+
+        table = Table(title=f"{progress.done}/{progress.total} trials done, {progress.passed} passed, "
+                            f"{len(progress.running)} running, GPU queue {self.pool.queued if self.pool else 0}, "
+                            f"tokens {progress.prompt_tokens + progress.completion_tokens:,}, "
+                            f"cost ${progress.cost_usd:.2f}")
+        table.add_column("running trial")
+        table.add_column("elapsed")
+        for trial, since in sorted(progress.running.items()):
+            table.add_row(trial, f"{time.monotonic() - since:.0f}s")
+        self.live.update(table)
+
+
+@click.command(name="run-model")
+@click.argument("model")
+@click.option("--problems", "problems", multiple=True, help="Problem ids or globs (e.g. 'p0[1-9]*'); default all.")
+@click.option("--families", multiple=True, type=click.Choice(FAMILIES), help="Only these families.")
+@click.option("--arms", multiple=True, type=click.Choice([str(a) for a in Arm]), help="Arms (default all four).")
+@click.option("--trials", "trial_glob", help="Only trial ids matching this glob (sources pulled in).")
+@click.option("--replicates", default=1, show_default=True, type=click.IntRange(1), help="Replicates per arm.")
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1), help="Attempts at once.")
+@click.option("--gpus", help="GPU indices for judge workers, e.g. 0,1,2 (default: every visible GPU).")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="Where the judge runs kernels (cpu = the judge's CPU mode, for tests).")
+@click.option("--rerun-stale", is_flag=True, help="Rerun finished trials whose fingerprint changed.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
+@click.option("--base-url", envvar="MKB_BASE_URL", help="OpenAI-compatible endpoint for plain model names.")
+@click.option("--api-key-env", help="Environment variable holding the API key.")
+@click.option("--budget-s", type=float, default=2400.0, show_default=True, help="Agent wall clock per attempt.")
+@click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions per attempt.")
+@click.option("--sandbox", type=click.Choice(["local", "docker"]), default="local", show_default=True)
+@click.option("--image", default="mkb:latest", show_default=True, help="Image for --sandbox docker.")
+@click.pass_context
+def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device,
+                  rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, sandbox, image):
+    """Run the protocol for MODEL (provider/model, a plain name with --base-url, or `reference`).
+
+    Trials are p<NN>_r<k>_<arm>; finished ones are reused, errored ones rerun, stale ones block
+    unless --rerun-stale. `reference` is an offline oracle that submits the shipped solutions.
+
+    Example:
+
+    \b
+        mkb run-model reference --problems 'p0[1-9]*' --dry-run
+        mkb run-model openrouter/qwen/qwen3-coder --replicates 2 --concurrency 8
+    """
+    from mkb import environment, protocol
+    from mkb.agent.budget import Budget
+    from mkb.errors import MkbError
+    from mkb.protocol.plan import Action
+    from mkb.store import Store
+
+    settings = settings_from(ctx)
+    if device == "auto":
+        device = "cuda" if environment.gpus() else "cpu"
+    if device == "cuda" and not environment.gpus():
+        raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu (the judge's CPU mode).")
+    slots = ["cpu"] if device == "cpu" else (gpus.split(",") if gpus else [str(g["index"]) for g in environment.gpus()])
+    request = protocol.RunRequest(
+        model=model, problems=list(problems) or None, families=list(families) or None,
+        arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,
+        concurrency=concurrency, slots=slots, rerun_stale=rerun_stale,
+        budget=Budget(wall_s=budget_s, n_submissions=submissions), base_url=base_url, api_key_env=api_key_env,
+        sandbox=sandbox, image=image)
+    if dry_run:  # changes nothing: not even creating the database file
+        opened = Store(settings.db_path, read_only=True) if settings.db_path.exists() else Store(":memory:")
+    else:
+        opened = Store(settings.db_path)
+    with opened as store:
+        items = protocol.make_plan(settings, store, request)
+        counts = {a: sum(i.action == a for i in items) for a in Action}
+        console.print("plan: " + ", ".join(f"{n} {a}" for a, n in counts.items()) + f" ({len(items)} trials)")
+        if dry_run:
+            emit([{"trial": i.spec.trial_id, "action": str(i.action), "reason": i.reason} for i in items
+                  if i.action != Action.REUSE], title=f"trials to run for {model}",
+                 columns=["trial", "action", "reason"])
+            return
+        items = protocol.check_stale(items, rerun_stale)
+        view = _Live(len(items))
+        started = time.monotonic()
+        with view:
+            progress = protocol.run_model(settings, store, request, items, judge_grader(settings, device),
+                                          executor_factory(sandbox, image), on_event=view.event,
+                                          on_pool=lambda p: setattr(view, "pool", p))
+        wall = time.monotonic() - started
+        rows = store.rows("SELECT state, status, count(*) AS n FROM trials WHERE model = ? "
+                          "GROUP BY ALL ORDER BY ALL", [model])
+    emit(rows, title=f"{model}: {progress.done} trials run in {wall:.0f} s "
+                     f"({3600 * progress.done / max(wall, 1e-9):.1f} trials/hour)")
+    console.print(f"Results in {settings.db_path}")
+    if progress.by_state.get("infra_error"):
+        sys.exit(1)
+
+
+def register(main: click.Group) -> None:
+    main.add_command(run_model_cmd)

@@ -1,0 +1,163 @@
+"""The protocol runner: plan a model's trials from the store, run them, record everything (DESIGN §7)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from mkb import environment
+from mkb.agent.budget import Budget
+from mkb.agent.prompts import Gpu, templates_sha256, toolchain_versions
+from mkb.agent.workspace import docs_sha256
+from mkb.errors import MkbError
+from mkb.problems import ProblemInfo, catalog_for, select
+from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
+from mkb.protocol.plan import Action, FingerprintParts, PlanItem, TrialSpec, expand, plan
+from mkb.protocol.pool import JudgePool
+from mkb.protocol.runner import Progress, ProtocolRun
+from mkb.records import Arm
+from mkb.settings import Settings
+from mkb.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunRequest:
+    """What `mkb run-model` was asked to do."""
+
+    model: str
+    problems: list[str] | None = None
+    families: list[str] | None = None
+    arms: list[Arm] | None = None
+    trial_glob: str | None = None
+    replicates: int = 1
+    concurrency: int = 4
+    slots: list[str] | None = None
+    rerun_stale: bool = False
+    budget: Budget = Budget()
+    base_url: str | None = None
+    api_key_env: str | None = None
+    sampling: dict | None = None
+    sandbox: str = "local"
+    image: str = "mkb:latest"
+
+
+def current_parts(settings: Settings, spec: TrialSpec, source_skill: str | None, budget: Budget) -> FingerprintParts:
+    """The fingerprint parts a trial would have if it ran now."""
+    return FingerprintParts(
+        problem=spec.problem.fingerprint, templates=templates_sha256(settings.problems_dir / "templates"),
+        docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
+        source_skill=source_skill if spec.arm.is_skill else None, budget=budget.model_dump(mode="json"))
+
+
+def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[PlanItem]:
+    """Expand the selection into trials and decide, from the store, what to do with each."""
+    problems = select(request.problems, catalog_for(settings.problems_dir), request.families)
+    specs = expand(problems, request.arms or list(Arm), request.replicates, request.trial_glob)
+    if not specs:
+        raise MkbError("the selection holds no trials. Check --problems, --families, --arms and --trials.")
+    stored = {t["trial_id"]: t for t in store.trials(request.model)}
+    skills = {s["trial_id"]: s["sha256"] for s in store.rows("SELECT trial_id, sha256 FROM skills WHERE model = ?",
+                                                              [request.model])}
+    current = {s.trial_id: current_parts(settings, s, skills.get(s.source_trial_id), request.budget) for s in specs}
+    return plan(specs, stored, current)
+
+
+def check_stale(items: list[PlanItem], rerun_stale: bool) -> list[PlanItem]:
+    """Turn stale items into reruns when allowed; otherwise refuse with a one-line error."""
+    stale = [i for i in items if i.action == Action.STALE]
+    if stale and not rerun_stale:
+        reasons = sorted({i.reason for i in stale})
+        raise MkbError(f"{len(stale)} trials are stale ({'; '.join(reasons)[:200]}). "
+                       f"Rerun with --rerun-stale, or see them with --dry-run.")
+    return [i.model_copy(update={"action": Action.RERUN}) if i.action == Action.STALE else i for i in items]
+
+
+def gpu_for_prompt() -> Gpu:
+    """The GPU named in the instruction: the first visible one, else the paper's H200."""
+    gpus = environment.gpus()
+    return Gpu(name=gpus[0]["name"], arch=gpus[0]["arch"]) if gpus else Gpu()
+
+
+@contextmanager
+def _stop_on_signals(cancel: threading.Event):
+    """SIGTERM sets the cancel flag like Ctrl-C: running attempts end as interrupted and rerun next time."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        cancel.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_model(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem],
+              grade: Callable[..., object], executor_for: Callable[[Path], object],
+              on_event: Callable[[str, TrialSpec, Progress], None] | None = None,
+              on_pool: Callable[[JudgePool], None] | None = None) -> Progress:
+    """Run the planned trials of one model; `grade(problem, kernel_path, dsl, device_slot=...)` judges.
+
+    Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
+    """
+    oracle = request.model == ORACLE
+    if oracle:
+        model_for = lambda spec: oracle_model(spec.problem, spec.arm.dsl, settings.solutions_path)  # noqa: E731
+        provider = {"provider": "oracle", "is_oracle": True}
+    else:
+        from mkb.agent.model import ChatModel, parse_model_spec
+
+        config = parse_model_spec(request.model, request.base_url, request.api_key_env, **(request.sampling or {}))
+        config.api_key()  # a missing key fails here, in one line, before anything runs
+        model_for = lambda spec: ChatModel(config)  # noqa: E731
+        provider = {"provider": config.provider, "base_url": config.base_url, "api_key_env": config.api_key_env,
+                    "params": config.model_dump(mode="json", exclude={"api_key_env"})}
+    run_id = uuid.uuid4().hex
+    facts = environment.describe(with_gpu=True)
+    store.start_run(run_id, request.model, versions=facts["versions"], git_commit=facts["git_commit"],
+                    host=facts["host"], gpus=facts["gpus"], command="run-model", **provider)
+    pool = JudgePool(grade, request.slots or ["cpu"])
+    if on_pool:
+        on_pool(pool)
+    gpu = gpu_for_prompt()
+
+    def grade_for(spec: TrialSpec):
+        return lambda kernel_path: pool.grade(spec.problem, kernel_path, spec.arm.dsl, label=spec.trial_id)
+
+    attempt = make_attempt(store, request.model, model_for, request.budget, grade_for, executor_for,
+                           settings.home / "workspaces", settings.problems_dir, gpu)
+    skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
+    runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
+    state = "interrupted"
+    try:
+        with _stop_on_signals(runner.cancel):
+            progress = runner.run(items)
+        state = "finished"
+        return progress
+    except KeyboardInterrupt:
+        runner.cancel.set()
+        raise
+    finally:
+        pool.close()
+        store.finish_run(run_id, state)
+
+
+def trials_of(items: list[PlanItem], action: Action | None = None) -> list[str]:
+    """Trial ids of the plan, optionally of one action."""
+    return [i.spec.trial_id for i in items if action is None or i.action == action]
+
+
+__all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "ORACLE", "ProblemInfo"]
