@@ -59,6 +59,13 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _free(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _draw(module, device: str, scale: str, seed: int):
     import torch
 
@@ -124,6 +131,8 @@ def check_problem(info: ProblemInfo, scale: str = "smoke", device: str = "cpu", 
         extra["inputs"] = tt.describe(list(inputs))
         extra["outputs"] = tt.describe(ref)
         add("no_mutation", tt.bitwise_equal(inputs, snapshot), "reference must not modify its inputs")
+        inputs, snapshot = snapshot, None  # keep the pristine copy; full-scale sets are large
+        _free(device)
         leaves = tt.flatten(ref)
         bad = [p for p, t in leaves if not isinstance(t, torch.Tensor)]
         add("structure", not bad and isinstance(ref, (torch.Tensor, tuple)),
@@ -141,10 +150,12 @@ def check_problem(info: ProblemInfo, scale: str = "smoke", device: str = "cpu", 
         add("non_degenerate", not constant, f"constant outputs {constant}" if constant else "")
 
         again = _draw(module, device, scale, SEED_A)
-        same_inputs = tt.bitwise_equal(again, snapshot)
-        ref_again = module.reference(*again)
+        same_inputs = tt.bitwise_equal(again, inputs)
+        same_again = tt.bitwise_equal(module.reference(*again), ref)
+        del again
+        _free(device)
         repeat_same = tt.bitwise_equal(module.reference(*inputs), ref)
-        add("determinism", same_inputs and repeat_same and tt.bitwise_equal(ref_again, ref),
+        add("determinism", same_inputs and repeat_same and same_again,
             "make_inputs gives different inputs for the same seed" if not same_inputs else
             "" if repeat_same else "reference gives different outputs on the same inputs (hidden randomness?)")
 
@@ -153,6 +164,8 @@ def check_problem(info: ProblemInfo, scale: str = "smoke", device: str = "cpu", 
         insensitive = [p for (p, a), (_, b) in zip(leaves, tt.flatten(ref_other))
                        if isinstance(a, torch.Tensor) and a.shape == b.shape and tt.bitwise_equal(a, b)]
         add("sensitivity", not insensitive, f"unchanged under fresh inputs: {insensitive}" if insensitive else "")
+        del other, ref_other
+        _free(device)
 
         anchor = module.reference(*tt.to_anchor(inputs))
         _sync(device)
@@ -178,6 +191,8 @@ def check_problem(info: ProblemInfo, scale: str = "smoke", device: str = "cpu", 
         if info.margin is not None and hasattr(module, "decision_margin"):
             margin = float(module.decision_margin(*inputs))
             add("margin", margin >= info.margin, f"decision margin {margin:.3g} (threshold {info.margin:g})")
+        del anchor
+        _free(device)
         if device == "cuda" or scale == "smoke":
             extra["eager_ms"] = _time_reference(module, inputs, device, timing_repeats)
         return report()
