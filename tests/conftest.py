@@ -39,3 +39,56 @@ def store(tmp_path):
 
     with Store(tmp_path / "mkb.duckdb") as s:
         yield s
+
+
+@pytest.fixture
+def llm_server():
+    """A real OpenAI-compatible server on a free port (tests/scripted_server.py): script replies, read requests."""
+    import threading
+
+    from scripted_server import ScriptedOpenAIServer
+
+    server = ScriptedOpenAIServer(("127.0.0.1", 0))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+TEST_IMAGE = "local/debian:bookworm"
+"""A small local image (scripts/dockerd.sh base-image) for Docker executor tests."""
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A Docker client with TEST_IMAGE present: starts dockerd via scripts/dockerd.sh when needed (and stops
+    the one it started), or skips with the reason."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    docker = pytest.importorskip("docker")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "dockerd.sh"
+    started = False
+    try:
+        docker.from_env().ping()
+    except docker.errors.DockerException:
+        if shutil.which("dockerd") is None:
+            pytest.skip("no Docker engine answers and dockerd is not installed (scripts/dockerd.sh install)")
+        out = subprocess.run([str(script), "start"], capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            pytest.skip(f"could not start dockerd: {(out.stderr or out.stdout).strip()[-300:]}")
+        started = out.stdout.strip() == "started"
+    client = docker.from_env()
+    try:
+        client.images.get(TEST_IMAGE)
+    except docker.errors.ImageNotFound:
+        out = subprocess.run([str(script), "base-image"], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "BASE_IMAGE": TEST_IMAGE})
+        if out.returncode != 0:
+            pytest.skip(f"no {TEST_IMAGE} image and building it failed: {(out.stderr or out.stdout).strip()[-300:]}")
+    yield client
+    client.close()
+    if started:
+        subprocess.run([str(script), "stop"], capture_output=True, timeout=120)

@@ -1,0 +1,90 @@
+"""The agent's prompts: Jinja templates in problems/templates/, rendered strictly, and their hashes."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from mkb.records import Dsl, ProblemInfo
+from mkb.settings import load_settings
+
+DSL_NAMES = {Dsl.CUTEDSL: "CuTe DSL", Dsl.TIRX: "TIRx"}
+OTHER_DSL_NAMES = {Dsl.CUTEDSL: "TIRx / TVM", Dsl.TIRX: "CuTe DSL / CUTLASS"}
+GRADING = {"correctness_draws": 5, "warmup_calls": 10, "timed_calls": 50}
+"""The judge's procedure as the contract states it (DESIGN §5)."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The GPU the attempt is graded on, as the instruction names it."""
+
+    name: str = "NVIDIA H200"
+    arch: str = "sm_90a"
+
+
+def default_problems_dir() -> Path:
+    return load_settings().problems_dir
+
+
+def _environment(templates_dir: Path) -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir)), undefined=jinja2.StrictUndefined,
+                              keep_trailing_newline=True, autoescape=False)
+
+
+def render(name: str, templates_dir: Path, **values: Any) -> str:
+    """Render one template; a missing variable raises jinja2.UndefinedError."""
+    return _environment(templates_dir).get_template(name).render(**values).strip() + "\n"
+
+
+def template_hashes(templates_dir: Path) -> dict[str, str]:
+    """sha256 of every template file, by name."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(templates_dir).glob("*.j2"))}
+
+
+def templates_sha256(templates_dir: Path) -> str:
+    """One sha256 over all templates (names and contents): the prompt part of a trial fingerprint."""
+    digest = hashlib.sha256()
+    for name, sha in template_hashes(templates_dir).items():
+        digest.update(f"{name}\0{sha}\n".encode())
+    return digest.hexdigest()
+
+
+def contract_values(problem: ProblemInfo, dsl: Dsl) -> dict[str, Any]:
+    return {"problem": problem, "dsl": str(dsl), "dsl_name": DSL_NAMES[dsl], "other_dsl_name": OTHER_DSL_NAMES[dsl],
+            "grading": GRADING}
+
+
+def toolchain_versions() -> dict[str, str]:
+    """Installed versions of the DSL packages, as the instruction states them."""
+    found = {}
+    for package in ("nvidia-cutlass-dsl", "apache-tvm", "torch"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "not installed"
+    return found
+
+
+def instruction(problem: ProblemInfo, dsl: Dsl, *, gpu: Gpu, budget_s: float | None, n_submissions: int,
+                workdir: str, has_docs: bool, templates_dir: Path) -> str:
+    """The instruction (system message): task, meaning of results, rules, contract, environment, budget."""
+    budget_text = "unlimited time" if budget_s is None else f"{budget_s / 60:g} minutes"
+    return render("instruction.md.j2", templates_dir, **contract_values(problem, dsl), gpu=gpu.name, arch=gpu.arch,
+                  budget_text=budget_text, n_submissions=n_submissions, workdir=workdir, has_docs=has_docs,
+                  versions=toolchain_versions())
+
+
+def kickoff(workdir: str, skill_text: str | None, templates_dir: Path) -> str:
+    """The first user message; for a skill arm it carries the transfer header and the skill."""
+    return render("kickoff.md.j2", templates_dir, workdir=workdir, skill_text=skill_text)
+
+
+def contract(problem: ProblemInfo, dsl: Dsl, templates_dir: Path) -> str:
+    """The public grading contract, written to the workspace as CONTRACT.md."""
+    return render("contract.md.j2", templates_dir, **contract_values(problem, dsl))
