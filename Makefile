@@ -6,12 +6,14 @@ PY     := $(VENV)/bin/python
 MKB    := $(VENV)/bin/mkb
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-gpu reproduce clean help
+.PHONY: install test test-gpu reproduce image image-test clean help
 
 help:
 	@echo "make reproduce   validate the problems, run what this machine can, write tables (main job)"
 	@echo "make test        run the CPU test suite (GPU tests skip without a GPU)"
 	@echo "make install     create $(VENV) and install mkb with its pinned dependencies"
+	@echo "make image       build the production Docker image (mkb:latest)"
+	@echo "make image-test  build the image on a local base and run doctor + CPU tests inside (CI)"
 
 install: $(STAMP)
 
@@ -34,6 +36,15 @@ test-gpu: $(STAMP)
 
 reproduce: $(STAMP)
 	$(MKB) reproduce
+
+# The production image: CUDA 13 devel base pinned by digest, Python 3.12, wheels from requirements.lock.
+image:
+	scripts/wheelhouse.sh 3.12 "$${TORCH_SPEC:-torch==2.11.0}"
+	docker build --network host --build-arg TORCH_SPEC="$${TORCH_SPEC:-torch==2.11.0}" -t mkb:latest .
+
+# What CI runs: the same Dockerfile on a local Debian base, doctor + CPU tests inside, no network.
+image-test:
+	scripts/image-test.sh
 
 clean:
 	rm -rf $(VENV) results build .pytest_cache
