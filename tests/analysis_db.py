@@ -50,6 +50,21 @@ def add_cell_trials(store: Store, model: str, problem: str, speedups: dict, repl
                       queue_s=5.0, n_submissions=3)
 
 
+def build_known(store: Store, model: str = "m") -> None:
+    """Five problems with hand-checked outcomes (see test_analysis.py for the expected values)."""
+    sc, st, c2t, t2c = Arm.SOLO_CUTEDSL, Arm.SOLO_TIRX, Arm.CUTEDSL2TIRX_SKILL, Arm.TIRX2CUTEDSL_SKILL
+    for number, family in ((1, "attention"), (2, "attention"), (3, "moe"), (4, "kv_cache"), (5, "quantization")):
+        add_problem(store, number, family)
+    add_cell_trials(store, model, "p01", {sc: 2.0, st: 1.0, c2t: 1.05, t2c: 4.0})
+    add_cell_trials(store, model, "p02", {sc: None, st: 0.5, c2t: "skipped", t2c: 32.0})
+    add_cell_trials(store, model, "p03", {sc: 1.0, c2t: 1.0, t2c: None})
+    add_trial(store, model, "p03", st, status="infra_error")
+    add_cell_trials(store, model, "p04", {sc: 0.25, c2t: 0.5})
+    add_trial(store, model, "p04", st, state="running", status=None)
+    add_trial(store, model, "p04", t2c, state="interrupted", status=None)
+    add_cell_trials(store, model, "p05", {sc: 1.0, st: 1.0, c2t: "infra_error", t2c: 1 / 1.05})
+
+
 def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-c"), seed: int = 7) -> Path:
     """A full-size synthetic database (74 problems, the given models plus the reference oracle)."""
     rng = random.Random(seed)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from analysis_db import add_cell_trials, add_problem, add_trial
+from analysis_db import add_cell_trials, add_problem, build_known
 
 from mkb.analysis import metrics
 from mkb.analysis.data import available_models, load_results
@@ -135,17 +135,7 @@ def test_params_reject_inconsistent_bounds():
 def known(tmp_path_factory):
     path = tmp_path_factory.mktemp("known") / "known.duckdb"
     with Store(path) as store:
-        for number, family in ((1, "attention"), (2, "attention"), (3, "moe"), (4, "kv_cache"),
-                               (5, "quantization")):
-            add_problem(store, number, family)
-        add_cell_trials(store, "m", "p01", {SC: 2.0, ST: 1.0, C2T: 1.05, T2C: 4.0})
-        add_cell_trials(store, "m", "p02", {SC: None, ST: 0.5, C2T: "skipped", T2C: 32.0})
-        add_cell_trials(store, "m", "p03", {SC: 1.0, C2T: 1.0, T2C: None})
-        add_trial(store, "m", "p03", ST, status="infra_error")
-        add_cell_trials(store, "m", "p04", {SC: 0.25, C2T: 0.5})
-        add_trial(store, "m", "p04", ST, state="running", status=None)
-        add_trial(store, "m", "p04", T2C, state="interrupted", status=None)
-        add_cell_trials(store, "m", "p05", {SC: 1.0, ST: 1.0, C2T: "infra_error", T2C: 1 / 1.05})
+        build_known(store)
     with Store(path, read_only=True) as store:
         yield load_results(store)
 
