@@ -1,0 +1,225 @@
+"""The candidate process: import kernel.py, run solve() on the referee's inputs, report what ran.
+
+Run as a script by the judge (never imported by mkb): `python child.py SPEC.json`. It imports the
+standard library, torch, its sibling wire/hooks/guards/trace modules (by path, under private
+names), the kernel (role "candidate") or the problem's reference (role "reference", the trusted
+eager baseline). It never sees the problem file as a candidate, computes no reference and judges
+nothing: it answers the referee's commands over a pipe, and at the end prints exactly one JSON
+line (its observations) on its real stdout, which is set aside before torch is imported.
+"""
+
+import os
+import sys
+
+_REAL_STDOUT = os.dup(1)
+os.dup2(2, 1)  # whatever torch, the DSLs or the candidate print goes to stderr
+
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import traceback  # noqa: E402
+
+import torch  # noqa: E402
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_mkb_judge_{name}", os.path.join(_HERE, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+wire, hooks, guards, trace = (_load(n) for n in ("wire", "hooks", "guards", "trace"))
+_sync = torch.cuda.synchronize
+_Event = torch.cuda.Event
+_current_stream = torch.cuda.current_stream
+
+
+class _Blocker(importlib.abc.MetaPathFinder):
+    """The candidate may not import the grader or the problem set."""
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("mkb", "problems"):
+            raise ImportError(f"kernel.py may not import {name!r} (grading internals)")
+        return None
+
+
+def _error(exc: BaseException, kind: str) -> dict:
+    tail = "".join(traceback.format_exception(exc))[-4000:]
+    return {"ok": False, "kind": kind, "error": f"{type(exc).__name__}: {exc}"[:2000], "traceback": tail}
+
+
+class Candidate:
+    """State of this process: the solve function, hooks, shared tensors, timing events."""
+
+    def __init__(self, spec: dict):
+        self.spec, self.device = spec, spec["device"]
+        self.channel = wire.Channel(spec["cmd_fd"], spec["reply_fd"])
+        self.tracker = hooks.Tracker()
+        self.integrity = None
+        self.solve = None
+        self.pool, self.slots, self.events = [], None, {}
+        self.observed: dict = {"role": spec["role"], "findings": []}
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            _sync()
+
+    def start(self) -> None:
+        if self.spec["role"] == "candidate":
+            hooks.install(self.tracker)
+            sys.meta_path.insert(0, _Blocker())
+        self.integrity = guards.Integrity([wire, hooks, guards, trace, sys.modules["__main__"]])
+        os.write(self.spec["ready_fd"], b"ready")
+        os.close(self.spec["ready_fd"])
+        self.channel.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
+                           "cuda": torch.cuda.is_available()})
+
+    def cmd_load(self, msg: dict) -> dict:
+        try:
+            if self.spec["role"] == "reference":
+                module = self._import(self.spec["problem"], "mkb_problem")
+                from_reference = module.reference
+
+                def solve(*inputs):
+                    with _strict_precision():
+                        return from_reference(*inputs)
+
+                self.solve = solve
+            else:
+                sys.path.insert(0, os.path.dirname(self.spec["kernel"]))
+                module = self._import(self.spec["kernel"], "kernel")
+                self.solve = getattr(module, "solve", None)
+                if not callable(self.solve):
+                    return {"ok": False, "kind": "import_error", "error": "kernel.py defines no solve() function"}
+        except BaseException as exc:  # any failure while importing is the candidate's import error
+            return _error(exc, "import_error")
+        return {"ok": True, "patched": self.integrity.patched()}
+
+    def _import(self, path: str, name: str):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def _open(self, tree):
+        return None if tree is None else wire.decode(tree, lambda leaf: wire.open_leaf(leaf).to(self.device))
+
+    def cmd_solve(self, msg: dict) -> dict:
+        inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
+        before = guards.snapshot(inputs)
+        self.tracker.begin_solve(msg.get("mode", "normal"))
+        try:
+            out = self.solve(*inputs)
+            self.sync()
+        except BaseException as exc:  # solve() raising is the candidate's runtime error
+            self.tracker.end_solve()
+            return _error(exc, "runtime_error")
+        calls = self.tracker.end_solve()
+        reply = {"ok": True, "outputs": guards.describe(out), "dsl_calls": calls,
+                 "alias": guards.aliasing(out, inputs), "mutated": guards.mutated(inputs, before),
+                 "patched": self.integrity.patched()}
+        reply["copied"] = slots is not None and guards.copy_into(slots, out)
+        self.sync()
+        return reply
+
+    def cmd_timing_setup(self, msg: dict) -> dict:
+        self.pool = [self._open(tree) for tree in msg["pool"]]
+        self.slots = self._open(msg["slots"])
+        self.events = {"a": wire.open_event(msg["event_a"])}
+        for name in ("b", "b2"):
+            self.events[name] = _Event(interprocess=True)
+            self.events[name].record()
+        self.sync()
+        return {"ok": True, "event_b": wire.event_handle(self.events["b"]),
+                "event_b2": wire.event_handle(self.events["b2"])}
+
+    def cmd_timed(self, msg: dict) -> None:
+        """One bracketed call: wait for the referee's start event, solve, record B, report twice."""
+        stream = _current_stream()
+        stream.wait_event(self.events["a"])
+        start, end = _Event(enable_timing=True), _Event(enable_timing=True)
+        start.record()
+        out = None
+        try:
+            if msg.get("null"):
+                pass
+            else:
+                out = self.solve(*self.pool[msg["set"]])
+        except BaseException as exc:  # a failure in a timed call is a runtime error like any other
+            self.channel.send(_error(exc, "runtime_error"))
+            return
+        end.record()
+        self.events["b"].record(stream)
+        self.channel.send({"ok": True, "launched": msg["k"]})
+        _sync()
+        self.events["b2"].record(stream)
+        copied = msg.get("null") or guards.copy_into(self.slots, out)
+        _sync()
+        self.channel.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(end)),
+                           "copied": bool(copied)})
+
+    def cmd_profile(self, msg: dict) -> dict:
+        inputs = self.pool[msg["set"]]
+        try:
+            return {"ok": True, **trace.profile_calls(lambda: self.solve(*inputs), msg["calls"],
+                                                       self.spec["workdir"], _sync)}
+        except BaseException as exc:  # the profiler failing is reported, not fatal
+            return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
+
+    def cmd_report(self, msg: dict) -> dict:
+        forbidden = [m for m in hooks.FORBIDDEN_MODULES if m in sys.modules]
+        self.observed.update(self.tracker.report(), patched=self.integrity.patched(),
+                             forbidden_modules=forbidden, written=len(self.tracker.written))
+        return {"ok": True, **self.observed}
+
+    def serve(self) -> None:
+        handlers = {"load": self.cmd_load, "solve": self.cmd_solve, "timing_setup": self.cmd_timing_setup,
+                    "profile": self.cmd_profile, "report": self.cmd_report}
+        while True:
+            msg = self.channel.recv()
+            if msg.get("cmd") == "finish":
+                return
+            if msg.get("cmd") == "timed":
+                self.cmd_timed(msg)
+                continue
+            self.channel.send(handlers[msg["cmd"]](msg))
+
+
+class _strict_precision:
+    """TF32 and reduced-precision reductions off while the reference runs (DESIGN §5)."""
+
+    def __enter__(self):
+        m = torch.backends.cuda.matmul
+        self.saved = (m.allow_tf32, m.allow_fp16_reduced_precision_reduction,
+                      m.allow_bf16_reduced_precision_reduction, torch.backends.cudnn.allow_tf32)
+        m.allow_tf32 = m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc):
+        m = torch.backends.cuda.matmul
+        (m.allow_tf32, m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction,
+         torch.backends.cudnn.allow_tf32) = self.saved
+        return False
+
+
+def main() -> int:
+    with open(sys.argv[1]) as fh:
+        spec = json.load(fh)
+    candidate = Candidate(spec)
+    candidate.start()
+    try:
+        candidate.serve()
+    except wire.WireError as exc:
+        candidate.observed["findings"].append(f"channel closed: {exc}")
+    line = json.dumps(candidate.observed, allow_nan=False, default=str) + "\n"
+    os.write(_REAL_STDOUT, line.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

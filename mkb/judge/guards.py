@@ -1,0 +1,146 @@
+"""Guards in the candidate process: patched entry points, output descriptions, aliasing, mutation.
+
+Standard library and torch only (the candidate process loads it by path). The descriptions
+computed here are checked again on the trusted side; the integrity check catches the common
+hacks (replacing a timer, synchronize or the profiler) that would otherwise go unseen.
+"""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import time
+import types
+from typing import Any
+
+import torch
+
+WATCHED = (
+    "time.perf_counter", "time.perf_counter_ns", "time.time", "time.time_ns", "time.monotonic",
+    "time.monotonic_ns", "time.process_time", "time.sleep",
+    "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Event.record", "torch.cuda.Event.elapsed_time",
+    "torch.cuda.Event.synchronize", "torch.cuda.Event.query", "torch.cuda.Event.wait",
+    "torch.cuda.Stream", "torch.cuda.Stream.wait_event", "torch.cuda.Stream.synchronize",
+    "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.stream", "torch.cuda.set_stream",
+    "torch.cuda.is_available", "torch.profiler.profile", "torch.autograd.profiler.profile",
+    "torch.Tensor.copy_", "torch.Tensor.clone", "torch.Tensor.contiguous", "torch.Tensor.to",
+    "torch.Tensor.cpu", "torch.Tensor.view", "torch.Tensor.reshape", "torch.Tensor.__eq__",
+    "torch.equal", "torch.allclose", "torch.isfinite", "torch.manual_seed", "torch.from_file",
+    "torch.from_dlpack", "torch.empty", "torch.UntypedStorage._new_shared_cuda",
+    "builtins.print", "builtins.open", "builtins.__import__", "sys.exit",
+)
+"""Entry points the judge relies on, or that timing hacks replace."""
+
+
+def _resolve(dotted: str) -> Any:
+    head, *rest = dotted.split(".")
+    obj = {"time": time, "torch": torch, "builtins": builtins, "sys": sys}[head]
+    for part in rest:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+class Integrity:
+    """Identities of watched entry points and of the judge's own functions, taken before the candidate."""
+
+    def __init__(self, own_modules: list[types.ModuleType]):
+        self.snapshot = {name: _resolve(name) for name in WATCHED}
+        for module in own_modules:
+            for name, value in list(vars(module).items()):
+                if callable(value):
+                    self.snapshot[f"{module.__name__}.{name}"] = value
+                if isinstance(value, type):
+                    for attr, member in list(vars(value).items()):
+                        self.snapshot[f"{module.__name__}.{name}.{attr}"] = member
+        self._modules = {m.__name__: m for m in own_modules}
+
+    def _current(self, dotted: str) -> Any:
+        for module_name, module in self._modules.items():
+            if dotted.startswith(module_name + "."):
+                parts = dotted[len(module_name) + 1:].split(".")
+                obj = vars(module).get(parts[0])
+                return vars(obj).get(parts[1]) if len(parts) > 1 and isinstance(obj, type) else obj
+        return _resolve(dotted)
+
+    def patched(self) -> list[str]:
+        """Watched names whose object changed since the snapshot."""
+        return [name for name, value in self.snapshot.items() if self._current(name) is not value]
+
+
+def describe(obj: Any) -> dict:
+    """The structure of a solve() result: containers, and type/shape/dtype/device of each leaf."""
+    if isinstance(obj, (list, tuple)):
+        return {"k": type(obj).__name__ if type(obj) in (list, tuple) else "other",
+                "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                "v": [describe(o) for o in obj]}
+    if isinstance(obj, torch.Tensor):
+        leaf = {"k": "tensor", "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                "plain": type(obj) is torch.Tensor}
+        try:
+            leaf.update(shape=list(obj.shape), dtype=str(obj.dtype).removeprefix("torch."),
+                        device=obj.device.type)
+        except Exception as exc:  # a lazy or broken tensor subclass may not even report its shape
+            leaf["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return leaf
+    return {"k": "value", "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+
+
+def tensor_leaves(obj: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
+    if isinstance(obj, (list, tuple)):
+        return [pair for i, o in enumerate(obj) for pair in tensor_leaves(o, f"{path}[{i}]")]
+    return [(path, obj)] if isinstance(obj, torch.Tensor) else []
+
+
+def _span(t: torch.Tensor) -> tuple[str, int, int]:
+    storage = t.untyped_storage()
+    return t.device.type, storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def aliasing(out: Any, inputs: Any) -> list[str]:
+    """Output paths whose memory overlaps an input's storage (a view of, or the same tensor as, an input)."""
+    spans = [_span(t) for _, t in tensor_leaves(inputs, "in") if t.numel()]
+    found = []
+    for path, t in tensor_leaves(out):
+        if type(t) is not torch.Tensor or not t.numel():
+            continue
+        device, lo, hi = _span(t)
+        if any(d == device and lo < h and l < hi for d, l, h in spans):
+            found.append(path)
+    return found
+
+
+def snapshot(inputs: Any) -> list[tuple[str, torch.Tensor]]:
+    return [(path, t.detach().clone()) for path, t in tensor_leaves(inputs, "in")]
+
+
+def mutated(inputs: Any, before: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Input paths whose bits changed during solve()."""
+    now = dict(tensor_leaves(inputs, "in"))
+    return [path for path, old in before if not _bitwise_equal(now[path], old)]
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    bits = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)  # noqa: E731
+    return a.shape == b.shape and bool(torch.equal(bits(a), bits(b)))
+
+
+def copy_into(slots: Any, out: Any) -> bool:
+    """Copy each output tensor into its slot when the structure matches exactly; False otherwise."""
+    pairs_out, pairs_slot = tensor_leaves(out), tensor_leaves(slots)
+    if len(pairs_out) != len(pairs_slot) or describe_shape(out) != describe_shape(slots):
+        return False
+    for (_, o), (_, s) in zip(pairs_out, pairs_slot):
+        if type(o) is not torch.Tensor or o.shape != s.shape or o.dtype != s.dtype:
+            return False
+    with torch.no_grad():
+        for (_, o), (_, s) in zip(pairs_out, pairs_slot):
+            s.copy_(o)
+    return True
+
+
+def describe_shape(obj: Any) -> Any:
+    if isinstance(obj, (list, tuple)):
+        return (type(obj).__name__, [describe_shape(o) for o in obj])
+    return "tensor" if isinstance(obj, torch.Tensor) else type(obj).__name__

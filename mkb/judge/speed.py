@@ -1,0 +1,122 @@
+"""The speed measurement of one GPU grading: eager and kernel timed alike, re-checked, profiled.
+
+Runs in the referee after the correctness draws and the policy checks passed. The eager
+reference runs in its own trusted harness process (the same child.py, loaded with the problem's
+reference instead of a kernel), so both figures come from the same cross-process bracket
+(timing.py), on the same rotating input pool, in the same judge run.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+from mkb.judge import checks, timing, wire
+from mkb.judge.referee import Failure, Referee
+from mkb.judge import policy
+from mkb.records import Status
+
+NULL_CALLS = 30
+TAIL_ALLOWANCE = 0.5
+"""Work still running after solve() returned may add at most this fraction of kernel_ms."""
+
+
+def _eager(referee: Referee) -> wire.Channel:
+    spec = referee.spec
+    channel = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"])
+    try:
+        channel.recv()
+        channel.send({"cmd": "load"})
+        loaded = channel.recv()
+    except wire.WireError as exc:
+        raise Failure(Status.INFRA_ERROR, f"the eager reference process died: {exc}") from None
+    if not loaded.get("ok"):
+        raise Failure(Status.INFRA_ERROR, f"the eager reference process failed to load: {loaded.get('error')}")
+    return channel
+
+
+def _set_bytes(inputs) -> int:
+    return sum(t.numel() * t.element_size() for t in timing._tensors(inputs))
+
+
+def measure(referee: Referee, evidence: policy.Evidence) -> dict:
+    """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate."""
+    mode = referee.spec["timing"]
+    eager = _eager(referee)
+    probe = referee.inputs(secrets.randbits(63))
+    pool = timing.Pool(make=referee.inputs, share=lambda t, tag: wire.ipc_share(t),
+                       size=timing.pool_size(_set_bytes(probe)))
+    like, _ = referee.reference(pool.sets[0])
+    flush = timing.flush_buffer() if mode == "flushed" else None
+    try:
+        e_slots, _ = referee.transport.slots(like, "te")
+        e_bracket = timing.Bracket(eager, pool, e_slots)
+        null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
+        floor = timing.in_process_null_ms()
+        clocks_before = timing.clocks()
+        eager_runs = timing.run_calls(e_bracket, pool, flush=flush)
+    except (wire.WireError, timing.TimingError) as exc:
+        raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
+    c_slot_tree, c_slots = referee.transport.slots(like, "tc")
+    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree)
+    picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
+    snapshots = {}
+
+    def keep(i: int, s: int) -> None:
+        if i in picks:
+            snapshots[i] = (pool.seeds[s], referee.transport.read(c_slot_tree, c_slots))
+
+    kernel_runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
+    clocks_after = timing.clocks()
+    _recheck(referee, snapshots)
+    kernel, eager_fig = timing.summarize(kernel_runs, null, floor), timing.summarize(eager_runs, null, floor)
+    profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED})
+    evidence.profile = profile if profile.get("ok") else None
+    evidence.report = referee.report()
+    device_ms = _device_ms(profile)
+    _cross_check(kernel, null, profile)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    referee.details.update(
+        timing={"mode": mode, "kernel": kernel, "eager": eager_fig, "null": null, "in_process_floor_ms": floor,
+                "pool_sets": pool.size, "rechecked_calls": [i + 1 for i in picks],
+                "profile_error": None if profile.get("ok") else profile.get("error")},
+        clocks={"before": clocks_before, "after": clocks_after}, device_ms=device_ms,
+        gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
+             "l2_bytes": getattr(props, "L2_cache_size", None)},
+        solve_calls=timing.WARMUP + timing.TIMED + 2 + len(referee.draws) + timing.PROFILED)
+    return {"kernel_ms": kernel["ms"], "eager_ms": eager_fig["ms"], "speedup": eager_fig["ms"] / kernel["ms"]}
+
+
+def _recheck(referee: Referee, snapshots: dict) -> None:
+    """Three random timed calls' outputs against the reference of exactly their inputs."""
+    for i, (seed, out) in sorted(snapshots.items()):
+        ref, anchor = referee.reference(referee.inputs(seed))
+        draw = checks.compare_draw(seed, out, ref, anchor, referee.factor)
+        if not draw.ok:
+            raise Failure(Status.INCORRECT, f"timed call {i + 1} (re-checked): " + checks.first_failure(draw, 0)
+                          .removeprefix("draw 1: "))
+
+
+def _device_ms(profile: dict) -> float | None:
+    calls = profile.get("calls") if profile.get("ok") else None
+    return sum(c["device_us"] for c in calls) / len(calls) / 1e3 if calls else None
+
+
+def _cross_check(kernel: dict, null: dict, profile: dict) -> None:
+    """The trusted window must contain the work: tail after solve() and profiler span stay inside it."""
+    tail_excess = kernel["tail_ms"] - null["tail_ms"]
+    if tail_excess > max(TAIL_ALLOWANCE * kernel["ms"], 0.05):
+        raise Failure(Status.POLICY_VIOLATION,
+                      f"GPU work kept running {tail_excess:.3f} ms after solve() returned (timed "
+                      f"{kernel['ms']:.3f} ms): launch on the current stream or join side streams before returning")
+    self_ms = kernel.get("self_reported_ms")
+    if self_ms is not None and self_ms < 0.5 * kernel["ms"] - 0.01:
+        raise Failure(Status.POLICY_VIOLATION,
+                      f"the in-process timer reported {self_ms:.4f} ms against {kernel['ms']:.4f} ms on the "
+                      f"trusted clock: timers were tampered with")
+    spans = [c["span_us"] / 1e3 for c in (profile.get("calls") or [])] if profile.get("ok") else []
+    if spans and min(spans) > 2 * kernel["ms"] + 0.05:
+        raise Failure(Status.POLICY_VIOLATION,
+                      f"the launched kernels span {min(spans):.3f} ms per call but the timed window was "
+                      f"{kernel['ms']:.3f} ms: work escapes the timed stream")

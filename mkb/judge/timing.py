@@ -1,0 +1,196 @@
+"""Trusted GPU timing across processes: CUDA events owned by the referee bracket each solve() call.
+
+Threat model. The candidate process can replace any Python or torch function it can reach, so
+no clock inside it is trusted. The referee (a separate process that never imports the candidate)
+owns the clocks: per call it records a timing event T0 and an interprocess event A on its own
+stream, then tells the candidate to go. The candidate's stream waits on A, runs solve(), records
+the interprocess event B and says "launched"; the referee's stream waits on B and records T1.
+T1 - T0 is the call's time on the GPU's own clock, which a monkeypatched timer cannot touch.
+The candidate then synchronises its device and records B2; the referee's T2 after B2 measures
+the tail: work that was still running after B (unjoined side streams) shows up there.
+
+The bracket adds the pipe round trip to every call. The same bracket around a call that does
+nothing, measured in the trusted eager process, calibrates it away; what remains is adjusted to
+an in-process event pair, so kernel_ms approximates the paper's figure (events around solve in
+one process). Eager and kernel are timed identically, in the same judge run, on the same inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from mkb.judge import wire
+
+WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
+POOL_BUDGET_BYTES = 8 << 30
+"""Most input bytes the timing pool may hold; beyond it the sets are refreshed between calls."""
+
+
+class TimingError(Exception):
+    """The candidate failed during a timed call (the message says how)."""
+
+    def __init__(self, message: str, kind: str = "runtime_error"):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class Pool:
+    """Input sets the timed calls rotate through, owned by the referee and shared with the harnesses."""
+
+    make: Callable[[int], list]
+    share: Callable[[Any, str], dict]
+    size: int
+    seeds: list[int] = field(default_factory=list)
+    sets: list[list] = field(default_factory=list)
+    trees: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for s in range(self.size):
+            self.seeds.append(secrets.randbits(63))
+            self.sets.append(self.make(self.seeds[-1]))
+            self.trees.append(wire.encode(self.sets[-1], lambda t, p, s=s: self.share(t, f"pool{s}")))
+
+    def refresh(self, s: int) -> None:
+        """New random content for set s, in place (the harnesses keep their mappings)."""
+        self.seeds[s] = secrets.randbits(63)
+        fresh = self.make(self.seeds[s])
+        for old, new in zip(_tensors(self.sets[s]), _tensors(fresh)):
+            old.copy_(new)
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    return [obj] if isinstance(obj, torch.Tensor) else []
+
+
+def pool_size(set_bytes: int, calls: int = WARMUP + TIMED) -> int:
+    free, _ = torch.cuda.mem_get_info()
+    budget = min(POOL_BUDGET_BYTES, free // 4)
+    return max(1, min(calls, budget // max(set_bytes, 1)))
+
+
+class Bracket:
+    """The referee's side of the per-call event bracket with one harness process."""
+
+    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict):
+        self.channel, self.pool = channel, pool
+        self.stream = torch.cuda.Stream()
+        self.a = torch.cuda.Event(interprocess=True)
+        with torch.cuda.stream(self.stream):
+            self.a.record()
+        torch.cuda.synchronize()
+        reply = _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots,
+                                   "event_a": wire.event_handle(self.a)})
+        self.b, self.b2 = wire.open_event(reply["event_b"]), wire.open_event(reply["event_b2"])
+        self.t = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+
+    def call(self, k: int, set_index: int, null: bool = False, flush: torch.Tensor | None = None) -> dict:
+        """One bracketed call; returns ms (T1-T0), tail_ms (T2-T1) and the harness's own figure."""
+        torch.cuda.synchronize()
+        with torch.cuda.stream(self.stream):
+            if flush is not None:
+                flush.zero_()
+            self.t[0].record()
+            self.a.record()
+        self.channel.send({"cmd": "timed", "k": k, "set": set_index, "null": null})
+        _expect(self.channel.recv(), "launched")
+        self.stream.wait_event(self.b)
+        self.t[1].record(self.stream)
+        done = _expect(self.channel.recv(), "done")
+        self.stream.wait_event(self.b2)
+        self.t[2].record(self.stream)
+        self.t[2].synchronize()
+        return {"ms": self.t[0].elapsed_time(self.t[1]), "tail_ms": self.t[1].elapsed_time(self.t[2]),
+                "self_ms": done.get("self_ms"), "copied": bool(done.get("copied"))}
+
+
+def _request(channel: wire.Channel, message: dict) -> dict:
+    channel.send(message)
+    return _expect(channel.recv(), "ok")
+
+
+def _expect(reply: dict, key: str) -> dict:
+    if not reply.get("ok", False):
+        raise TimingError(reply.get("error", "the harness failed"), reply.get("kind", "runtime_error"))
+    if key != "ok" and key not in reply:
+        raise TimingError(f"protocol error: expected '{key}', got {sorted(reply)}", "crashed")
+    return reply
+
+
+def in_process_null_ms(repeats: int = 50) -> float:
+    """Median of an event pair recorded back to back in one process: the paper's floor."""
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start.record()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def flush_buffer() -> torch.Tensor:
+    """A buffer of at least twice the L2 size; zeroing it evicts L2 before a flushed call."""
+    l2 = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "L2_cache_size", 0) or (64 << 20)
+    return torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
+
+
+def run_calls(bracket: Bracket, pool: Pool, *, null: bool = False, flush: torch.Tensor | None = None,
+              warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None) -> list[dict]:
+    """warmup + timed bracketed calls on rotating (and, when the pool is small, refreshed) input sets."""
+    results, total = [], warmup + timed
+    for k in range(total):
+        s = k % pool.size
+        if pool.size < total and k >= pool.size and not null:
+            pool.refresh(s)
+        result = bracket.call(k, s, null=null, flush=flush)
+        if not null and not result["copied"]:
+            raise TimingError(f"timed call {k + 1} returned a different structure than the draws", "incorrect")
+        if on_done is not None and k >= warmup:
+            on_done(k - warmup, s)
+        if k >= warmup:
+            results.append(result | {"set": s, "seed": pool.seeds[s]})
+    return results
+
+
+def summarize(results: list[dict], null: dict, floor_ms: float) -> dict:
+    """Median of the bracket times with the cross-process overhead replaced by the in-process floor."""
+    raw = statistics.median(r["ms"] for r in results)
+    adjusted = [max(r["ms"] - null["ms"] + floor_ms, floor_ms) for r in results]
+    selfs = [r["self_ms"] for r in results if r.get("self_ms") is not None]
+    return {"ms": statistics.median(adjusted), "raw_ms": raw, "min_ms": min(adjusted), "max_ms": max(adjusted),
+            "tail_ms": statistics.median(r["tail_ms"] for r in results),
+            "self_reported_ms": statistics.median(selfs) if selfs else None, "n": len(results)}
+
+
+def null_figures(results: list[dict]) -> dict:
+    return {"ms": statistics.median(r["ms"] for r in results),
+            "tail_ms": statistics.median(r["tail_ms"] for r in results)}
+
+
+def clocks() -> dict:
+    """GPU clocks, temperature, power and performance state seen now (nvidia-smi)."""
+    fields = ("clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "temperature.gpu", "power.draw",
+              "pstate")
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    index = visible[torch.cuda.current_device()] if visible else str(torch.cuda.current_device())
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                              "-i", index], capture_output=True, text=True, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    values = [v.strip() for v in out.splitlines()[0].split(",")] if out else []
+    return dict(zip(fields, values))

@@ -1,0 +1,92 @@
+"""Profiler traces of solve(): which GPU kernels ran, on which stream, and for how long.
+
+Standard library and torch only (runs in the candidate process, loaded by path). Each profiled
+call is bracketed by a `mkb_solve` range, followed by a one-kernel `mkb_marker` on the current
+stream; a solve kernel that ends after the marker starts ran outside the ordered stream (unjoined
+side-stream work that the timed window would miss).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import torch
+
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+
+
+def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None]) -> dict:
+    """Run solve() `calls` times under torch.profiler; return kernels and per-call summaries."""
+    marker = torch.zeros(1, device="cuda")
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    sync()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            with torch.profiler.record_function("mkb_solve"):
+                solve()
+            with torch.profiler.record_function("mkb_marker"):
+                marker.add_(1)
+            sync()
+    path = os.path.join(workdir, "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as fh:
+        events = json.load(fh).get("traceEvents", [])
+    os.unlink(path)
+    return summarize(events)
+
+
+def summarize(events: list[dict]) -> dict:
+    """Kernels launched inside mkb_solve ranges, per call, with escape and span facts."""
+    ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
+                    if e.get("cat") == "user_annotation" and e.get("name") in ("mkb_solve", "mkb_marker"))
+    launches = {}
+    for e in events:
+        if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e["ts"]
+    kernels = []
+    for e in events:
+        if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        launched = launches.get(e.get("args", {}).get("correlation"))
+        owner = _owner(ranges, launched)
+        if owner is None:
+            continue
+        kernels.append({"name": e.get("name", "?"), "stream": e.get("args", {}).get("stream"),
+                        "ts": e["ts"], "dur": e.get("dur", 0), "range": owner, "cat": e.get("cat")})
+    return _per_call(kernels)
+
+
+def _owner(ranges: list[tuple], ts: float | None) -> tuple | None:
+    if ts is None:
+        return None
+    for start, end, name in ranges:
+        if start <= ts <= end:
+            return (start, name)
+    return None
+
+
+def _per_call(kernels: list[dict]) -> dict:
+    solve_ranges = sorted({k["range"][0] for k in kernels if k["range"][1] == "mkb_solve"})
+    markers = sorted((k["range"][0], k) for k in kernels if k["range"][1] == "mkb_marker")
+    calls, escaped = [], []
+    for start in solve_ranges:
+        mine = [k for k in kernels if k["range"] == (start, "mkb_solve")]
+        marker = next((m for s, m in markers if s > start), None)
+        first, last = min(k["ts"] for k in mine), max(k["ts"] + k["dur"] for k in mine)
+        calls.append({"kernels": len(mine), "device_us": sum(k["dur"] for k in mine if k["cat"] == "kernel"),
+                      "span_us": last - first})
+        if marker is not None:
+            escaped += [k["name"] for k in mine
+                        if k["stream"] != marker["stream"] and k["ts"] + k["dur"] > marker["ts"] + 1.0]
+    names: dict[str, dict] = {}
+    for k in kernels:
+        if k["range"][1] != "mkb_solve" or k["cat"] != "kernel":
+            continue
+        entry = names.setdefault(k["name"], {"name": k["name"], "count": 0, "device_us": 0.0, "streams": []})
+        entry["count"] += 1
+        entry["device_us"] += k["dur"]
+        if k["stream"] not in entry["streams"]:
+            entry["streams"].append(k["stream"])
+    return {"calls": calls, "kernels": list(names.values()), "escaped": sorted(set(escaped))}

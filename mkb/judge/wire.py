@@ -1,0 +1,231 @@
+"""The wire between the judge's processes: framed JSON messages and shared tensors (no pickle).
+
+Used on both sides of the trust boundary, so it imports only the standard library and torch
+(the candidate process loads it by path, never through the `mkb` package). Nothing that crosses
+it is ever unpickled: messages are JSON, tensors travel as memory-mapped files (CPU) or CUDA IPC
+handles (GPU) that the trusted referee allocates and the candidate only maps.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import struct
+from typing import Any
+
+import torch
+
+MAX_MESSAGE_BYTES = 64 << 20
+"""A reply larger than this is a protocol violation (a candidate flooding the referee)."""
+
+
+class WireError(Exception):
+    """The peer closed the channel or broke the protocol."""
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name} in a message")
+
+
+class Channel:
+    """Length-prefixed JSON messages over a pair of pipe file descriptors."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.read_fd, self.write_fd = read_fd, write_fd
+
+    def send(self, message: dict) -> None:
+        data = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
+        try:
+            _write_all(self.write_fd, struct.pack(">I", len(data)) + data)
+        except (BrokenPipeError, OSError) as exc:
+            raise WireError(f"peer closed the channel ({exc.__class__.__name__})") from None
+
+    def recv(self) -> dict:
+        (size,) = struct.unpack(">I", self._read_exact(4))
+        if size > MAX_MESSAGE_BYTES:
+            raise WireError(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+        try:
+            message = json.loads(self._read_exact(size), parse_constant=_reject_constant)
+        except ValueError as exc:
+            raise WireError(f"malformed message: {exc}") from None
+        if not isinstance(message, dict):
+            raise WireError("malformed message: not a JSON object")
+        return message
+
+    def _read_exact(self, n: int) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            try:
+                chunk = os.read(self.read_fd, min(n - got, 1 << 20))
+            except OSError as exc:
+                raise WireError(f"read failed: {exc}") from None
+            if not chunk:
+                raise WireError("peer closed the channel")
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+# -- trees of values and tensors ---------------------------------------------------------------
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from(name: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype):
+        raise WireError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def encode(obj: Any, share) -> dict:
+    """A JSON tree of obj; each tensor becomes share(tensor, path)."""
+    return _encode(obj, share, "in")
+
+
+def _encode(obj: Any, share, path: str) -> dict:
+    if isinstance(obj, (list, tuple)):
+        return {"k": type(obj).__name__, "v": [_encode(o, share, f"{path}[{i}]") for i, o in enumerate(obj)]}
+    if isinstance(obj, torch.Tensor):
+        return {"k": "tensor", "v": share(obj, path)}
+    if isinstance(obj, float):
+        return {"k": "float", "v": repr(obj)}
+    if isinstance(obj, torch.dtype):
+        return {"k": "dtype", "v": dtype_name(obj)}
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return {"k": "value", "v": obj}
+    raise WireError(f"{path}: cannot transport a {type(obj).__name__}")
+
+
+def decode(tree: dict, open_leaf) -> Any:
+    """The object a tree describes; each tensor leaf becomes open_leaf(leaf)."""
+    kind, value = tree.get("k"), tree.get("v")
+    if kind in ("list", "tuple"):
+        items = [decode(v, open_leaf) for v in value]
+        return items if kind == "list" else tuple(items)
+    if kind == "tensor":
+        return open_leaf(value)
+    if kind == "float":
+        return float(value)
+    if kind == "dtype":
+        return dtype_from(value)
+    if kind == "value":
+        return value
+    raise WireError(f"unknown tree node {kind!r}")
+
+
+def leaves(tree: dict, path: str = "out") -> list[tuple[str, dict]]:
+    """(path, leaf) of every tensor leaf, depth first, paths as tensortree.flatten names them."""
+    if tree.get("k") in ("list", "tuple"):
+        return [pair for i, v in enumerate(tree["v"]) for pair in leaves(v, f"{path}[{i}]")]
+    return [(path, tree["v"])] if tree.get("k") == "tensor" else []
+
+
+# -- tensors: memory-mapped files (CPU) --------------------------------------------------------
+
+def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the bytes of a storage."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
+
+
+def file_share(directory: str, tag: str):
+    """A share function writing each tensor's storage to a file under directory."""
+    counter = iter(range(1 << 30))
+
+    def share(t: torch.Tensor, path: str) -> dict:
+        t = t.detach()
+        storage = t.untyped_storage()
+        name = os.path.join(directory, f"{tag}_{next(counter)}.bin")
+        nbytes = max(storage.nbytes(), 1)
+        mapped = torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
+        if storage.nbytes():
+            mapped.copy_(byte_view(storage).cpu())
+        return {"file": name, "nbytes": nbytes, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                "stride": list(t.stride()), "offset": t.storage_offset(), "device": t.device.type}
+
+    return share
+
+
+def file_slot(directory: str, tag: str):
+    """A share function making an empty, contiguous output slot file shaped like each tensor."""
+    counter = iter(range(1 << 30))
+
+    def share(t: torch.Tensor, path: str) -> dict:
+        name = os.path.join(directory, f"{tag}_{next(counter)}.bin")
+        nbytes = max(t.numel() * t.element_size(), 1)
+        torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
+        return {"file": name, "nbytes": nbytes, "dtype": dtype_name(t.dtype), "shape": list(t.shape),
+                "stride": list(torch.empty(t.shape, device="meta").stride()), "offset": 0,
+                "device": t.device.type}
+
+    return share
+
+
+def open_file_leaf(leaf: dict, device: str | None = None) -> torch.Tensor:
+    """The tensor a file leaf describes, mapped shared (writes reach the file); moved to device."""
+    mapped = torch.from_file(leaf["file"], shared=True, size=int(leaf["nbytes"]), dtype=torch.uint8)
+    t = torch.empty(0, dtype=dtype_from(leaf["dtype"])).set_(
+        mapped.untyped_storage(), int(leaf["offset"]), tuple(leaf["shape"]), tuple(leaf["stride"]))
+    target = device or leaf.get("device", "cpu")
+    return t if target == "cpu" else t.to(target)
+
+
+def read_file_leaf(leaf: dict) -> torch.Tensor:
+    """A private copy of what a file leaf holds now."""
+    return open_file_leaf(leaf, "cpu").clone()
+
+
+# -- tensors: CUDA IPC (GPU) -------------------------------------------------------------------
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
+
+
+def ipc_share(t: torch.Tensor, path: str = "") -> dict:
+    """A CUDA IPC description of a tensor's storage (the producer keeps the tensor alive)."""
+    t = t.detach()
+    device, handle, size, offset, rc_handle, rc_offset, ev_handle, ev_sync = t.untyped_storage()._share_cuda_()
+    return {"ipc": _b64(handle), "device": "cuda", "index": int(device), "nbytes": int(size),
+            "storage_offset_bytes": int(offset), "rc": _b64(rc_handle), "rc_offset": int(rc_offset),
+            "event": _b64(ev_handle), "event_sync": bool(ev_sync), "dtype": dtype_name(t.dtype),
+            "shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset()}
+
+
+def open_ipc_leaf(leaf: dict) -> torch.Tensor:
+    """Map a producer's CUDA tensor into this process (writes reach the producer's memory)."""
+    storage = torch.UntypedStorage._new_shared_cuda(
+        int(leaf["index"]), _unb64(leaf["ipc"]), int(leaf["nbytes"]), int(leaf["storage_offset_bytes"]),
+        _unb64(leaf["rc"]), int(leaf["rc_offset"]), _unb64(leaf["event"]), bool(leaf["event_sync"]))
+    return torch.empty(0, dtype=dtype_from(leaf["dtype"]), device=f"cuda:{int(leaf['index'])}").set_(
+        storage, int(leaf["offset"]), tuple(leaf["shape"]), tuple(leaf["stride"]))
+
+
+def open_leaf(leaf: dict) -> torch.Tensor:
+    """Open a file or IPC leaf."""
+    return open_ipc_leaf(leaf) if "ipc" in leaf else open_file_leaf(leaf)
+
+
+def event_handle(event) -> str:
+    return _b64(bytes(event.ipc_handle()))
+
+
+def open_event(handle: str, device: int = 0):
+    return torch.cuda.Event.from_ipc_handle(device, _unb64(handle))
+
+
+def finite(x: float) -> float | None:
+    """x, or None when it is NaN/Inf (messages are strict JSON)."""
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
