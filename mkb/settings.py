@@ -66,3 +66,15 @@ def load_settings(**overrides) -> Settings:
 def environment() -> dict[str, str]:
     """A copy of the process environment (for building child-process environments)."""
     return dict(os.environ)
+
+
+def settings_table() -> str:
+    """The README's environment-variable table, generated from the Settings schema (so it cannot drift)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default if field.default_factory is None else field.default_factory()
+        if isinstance(default, Path):
+            default = "<checkout>/" + default.relative_to(_repo_root()).as_posix()
+        shown = "unset" if default is None else f"`{default}`"
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {shown} | {field.description} |")
+    return "\n".join(rows)

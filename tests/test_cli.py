@@ -136,3 +136,15 @@ def test_reproduce_on_cpu_validates_and_records(mkb_home, monkeypatch, tmp_path)
     assert "no GPU visible" in result.stderr
     rows = json.loads(run("db", "query", "SELECT count(*) AS n FROM problem_checks WHERE ok", "--json").stdout)
     assert rows == [{"n": len(CATALOG)}]
+
+
+def test_readme_settings_table_matches_the_schema():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("render_readme", root / "scripts" / "render_readme.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = (root / "README.md").read_text()
+    assert module.rendered(text) == text, "README settings table is stale: run python scripts/render_readme.py"
