@@ -1,0 +1,123 @@
+"""p72 gated DeltaNet decode step (Qwen3-Next) in CuTe DSL: one fused, memory-bound state update.
+
+A CTA per (value head, sequence), a thread per value column j: the thread streams its column
+S[:, j] of the fp32 state into registers once (coalesced across the CTA), decays it, forms
+k.S[:, j], the delta-rule update and o_j = q.S_new[:, j], and writes the new column: one read and
+one write of the state, the SOL traffic.  q/k are L2-normalised in the CTA (shared-memory reduce);
+the per-head scalars exp(g) and beta are evaluated in fp64 and rounded once.
+"""
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Float64
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+L2_EPS = 1e-6
+
+
+class GdnDecode:
+    def __init__(self, k_heads: int, v_heads: int, dk: int, dv: int):
+        self.HK, self.HV, self.DK, self.DV = k_heads, v_heads, dk, dv
+        self.rep = v_heads // k_heads
+        assert dk == dv
+        self.W = (dk + 31) // 32           # warps per CTA (threads >= dk sit out the column work)
+
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
+                 alog: cute.Tensor, dtb: cute.Tensor, s_in: cute.Tensor, o: cute.Tensor, s_out: cute.Tensor, stream):
+        batch = a.shape[0] // self.HV
+        self.kernel(q, k, v, a, b, alog, dtb, s_in, o, s_out).launch(
+            grid=[self.HV, batch, 1], block=[32 * self.W, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, q: cute.Tensor, k: cute.Tensor, v: cute.Tensor, a: cute.Tensor, b: cute.Tensor,
+               alog: cute.Tensor, dtb: cute.Tensor, s_in: cute.Tensor, o: cute.Tensor, s_out: cute.Tensor):
+        j, _, _ = cute.arch.thread_idx()
+        h, bi, _ = cute.arch.block_idx()
+        DK = self.DK
+        kh = h // self.rep
+        bh = bi * self.HV + h
+        smem = cutlass.utils.SmemAllocator()
+        qs = smem.allocate_tensor(Float32, cute.make_layout(DK), byte_alignment=16)
+        ks = smem.allocate_tensor(Float32, cute.make_layout(DK), byte_alignment=16)
+        red = smem.allocate_tensor(Float32, cute.make_layout((self.W, 2)), byte_alignment=16)
+        jj = cutlass.min(j, DK - 1)
+        qj = q[bi * self.HK + kh, jj].to(Float32)
+        kj = k[bi * self.HK + kh, jj].to(Float32)
+        if j >= DK:
+            qj = Float32(0.0)
+            kj = Float32(0.0)
+        sq = cute.arch.warp_reduction_sum(qj * qj)
+        sk = cute.arch.warp_reduction_sum(kj * kj)
+        if j % 32 == 0:
+            red[j // 32, 0] = sq
+            red[j // 32, 1] = sk
+        cute.arch.sync_threads()
+        tq = Float32(0.0)
+        tk = Float32(0.0)
+        for w in cutlass.range_constexpr(self.W):
+            tq = tq + red[w, 0]
+            tk = tk + red[w, 1]
+        if j < DK:
+            qs[j] = qj * cute.math.rsqrt(tq + L2_EPS) * (DK ** -0.5)
+            ks[j] = kj * cute.math.rsqrt(tk + L2_EPS)
+        # per-head gate scalars in fp64, rounded once
+        x = Float64(a[bh].to(Float32)) + Float64(dtb[h])
+        sp = cute.math.log1p(cute.math.exp(x))
+        if x > 20.0:
+            sp = x
+        g = -cute.math.exp(Float64(alog[h])) * sp
+        decay = Float32(cute.math.exp(g))
+        beta = Float32(1.0 / (1.0 + cute.math.exp(-Float64(b[bh].to(Float32)))))
+        cute.arch.sync_threads()
+        if j < DK:
+            col = cute.make_rmem_tensor((DK,), Float32)
+            kS = Float32(0.0)
+            for i in cutlass.range_constexpr(DK):
+                col[i] = s_in[bh * DK + i, j] * decay
+            for i in cutlass.range_constexpr(DK):
+                kS = kS + ks[i] * col[i]
+            delta = (v[bh, j].to(Float32) - kS) * beta
+            acc = Float32(0.0)
+            for i in cutlass.range_constexpr(DK):
+                col[i] = col[i] + ks[i] * delta
+                acc = acc + qs[i] * col[i]
+                s_out[bh * DK + i, j] = col[i]
+            o[bh, j] = acc.to(o.element_type)
+
+
+_COMPILED = {}
+
+
+def _arch():
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def _prepare(q, k, v, a, b, A_log, dt_bias, state, arch=None):
+    key = (q.shape[2], v.shape[2], q.shape[3], v.shape[3])
+    if key not in _COMPILED:
+        hk, hv, dk, dv = key
+        bf = cutlass.BFloat16
+        r1, r2, r3, r4 = (cute.sym_int() for _ in range(4))
+        mk = lambda dt, r, c: make_fake_compact_tensor(dt, (r, c), stride_order=(1, 0), assumed_align=16)  # noqa: E731
+        args = [mk(bf, r1, dk), mk(bf, r1, dk), mk(bf, r2, dv), make_fake_compact_tensor(bf, (r2,)),
+                make_fake_compact_tensor(bf, (r2,)), make_fake_compact_tensor(Float32, (hv,)),
+                make_fake_compact_tensor(Float32, (hv,)), mk(Float32, r3, dv), mk(bf, r2, dv), mk(Float32, r3, dv),
+                make_fake_stream(use_tvm_ffi_env_stream=True)]
+        del r4
+        _COMPILED[key] = cute.compile(GdnDecode(*key), *args, options=f"--gpu-arch {arch or _arch()} --enable-tvm-ffi")
+    return [_COMPILED[key]]
+
+
+def solve(q, k, v, a, b, A_log, dt_bias, state):
+    (fn,) = _prepare(q, k, v, a, b, A_log, dt_bias, state)
+    batch, _, hk, dk = q.shape
+    hv, dv = v.shape[2], v.shape[3]
+    o = torch.empty(batch, 1, hv, dv, dtype=q.dtype, device=q.device)
+    s_out = torch.empty(state.shape, dtype=state.dtype, device=state.device)
+    fn(q.contiguous().view(-1, dk), k.contiguous().view(-1, dk), v.contiguous().view(-1, dv),
+       a.contiguous().view(-1), b.contiguous().view(-1), A_log.contiguous(), dt_bias.contiguous(),
+       state.contiguous().view(-1, dv), o.view(-1, dv), s_out.view(-1, dv))
+    return o, s_out
