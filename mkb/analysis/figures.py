@@ -11,7 +11,9 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import FixedLocator, NullLocator
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
 from mkb.analysis import metrics
 from mkb.analysis.data import ARM_LABELS, ARMS, DIRECTION_LABELS, DIRECTIONS, Results
@@ -23,6 +25,7 @@ logging.getLogger("fontTools").setLevel(logging.WARNING)
 
 OUTCOME_COLORS = {Outcome.HELP: "#2c7bb6", Outcome.NEUTRAL: "#bdbdbd", Outcome.HARM: "#d7191c"}
 ARM_COLORS = dict(zip(ARMS, ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")))
+ARM_MARKERS = dict(zip(ARMS, ("o", "s", "^", "D")))
 STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 9,
          "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "mkb",
          "pdf.fonttype": 42, "path.simplify": False}
@@ -41,14 +44,14 @@ def _pow2_label(exponent: int) -> str:
     return f"{2 ** exponent:g}×" if exponent >= 0 else f"1/{2 ** -exponent}×"
 
 
-def _log2_axis(ax, low_exp: int, high_exp: int) -> None:
-    """Log-2 y axis from 2^low_exp to 2^high_exp, ticks every power (or every other one)."""
+def _log2_axis(ax, low_exp: int, high_exp: int, pad: float = 0.0) -> None:
+    """Log-2 y axis from 2^(low_exp - pad) to 2^(high_exp + pad), a tick at every power (or every other)."""
     ax.set_yscale("log", base=2)
-    ax.set_ylim(2.0 ** low_exp, 2.0 ** high_exp)
+    ax.set_ylim(2.0 ** (low_exp - pad), 2.0 ** (high_exp + pad))
     step = 1 if high_exp - low_exp <= 8 else 2
     exps = [e for e in range(low_exp, high_exp + 1) if e % step == 0]
     ax.yaxis.set_major_locator(FixedLocator([2.0 ** e for e in exps]))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FixedFormatter([_pow2_label(e) for e in exps]))
+    ax.yaxis.set_major_formatter(FixedFormatter([_pow2_label(e) for e in exps]))
     ax.yaxis.set_minor_locator(NullLocator())
 
 
@@ -84,7 +87,7 @@ def draw_paired_ratios(results: Results) -> Figure:
             ax.scatter(neutral, [1.0] * len(neutral), s=9, color="#888888", zorder=4, linewidths=0)
             ax.axhline(1, color="black", linewidth=0.8, zorder=3)
             _log2_axis(ax, -bound, bound)
-            ax.set_xlim(-0.7, max(len(pairs), 1) - 0.3)
+            ax.set_xlim(-0.7, max(len(pairs), 12) - 0.3)
             if pairs and len(pairs) <= 30:
                 ax.set_xticks(x, [p for p, _ in pairs], rotation=90, fontsize=7)
             else:
@@ -99,7 +102,7 @@ def draw_paired_ratios(results: Results) -> Figure:
                 ax.set_ylabel("r = v_skill / v_base\n(log scale)")
             if row == len(groups) - 1:
                 ax.set_xlabel("problems, sorted by r" + ("" if len(pairs) <= 30 else f" ({len(pairs)})"))
-    handles = [matplotlib.patches.Patch(color=OUTCOME_COLORS[o], label=lbl) for o, lbl in (
+    handles = [Patch(color=OUTCOME_COLORS[o], label=lbl) for o, lbl in (
         (Outcome.HELP, f"help (r > {1 + params.delta:g})"),
         (Outcome.NEUTRAL, f"neutral (within ±δ, δ = {params.delta:g})"),
         (Outcome.HARM, f"harm (r < 1/{1 + params.delta:g})"))]
@@ -139,7 +142,7 @@ def draw_standing(results: Results) -> Figure:
         ax.set_xlim(0, 100)
         ax.set_xlabel("% of cells")
         ax.set_title(label)
-    handles = [matplotlib.patches.Patch(color=OUTCOME_COLORS[o], label=str(o)) for o in Outcome]
+    handles = [Patch(color=OUTCOME_COLORS[o], label=str(o)) for o in Outcome]
     fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
                title="Outcome of the skill-conditioned attempt vs the base solo (source tier vs base tier)")
     return fig
@@ -154,33 +157,39 @@ def draw_pass_speedup(results: Results) -> Figure:
     jitter = np.random.default_rng(0)
     for row, model in enumerate(results.models):
         ladder_ax, speed_ax = axes[row]
+        ticks = []
         for k, arm in enumerate(ARMS):
             s = summarize_arm(select(results.attempts, model=model.name, arm=arm), params)
+            # Arms often share a ladder exactly (e.g. the oracle); a small sideways dodge keeps each visible.
+            dodge = (k - (len(ARMS) - 1) / 2) * 0.06
             if s.attempts:
-                ladder_ax.plot(range(len(rungs)), [100 * r for r in s.ladder], marker="o", color=ARM_COLORS[arm],
-                               label=f"{ARM_LABELS[arm]} (n={s.attempts})")
+                ladder_ax.plot(np.arange(len(rungs)) + dodge, [100 * r for r in s.ladder], marker=ARM_MARKERS[arm],
+                               markersize=5, color=ARM_COLORS[arm], label=ARM_LABELS[arm])
             speeds = [a.speedup for a in select(results.attempts, model=model.name, arm=arm)
                       if a.attempted and a.passed and a.speedup > 0]
+            ticks.append(f"{ARM_LABELS[arm]}\n{len(speeds)} of {s.attempts} passed")
             if speeds:
-                speed_ax.scatter(k + jitter.uniform(-0.18, 0.18, len(speeds)), speeds, s=10, alpha=0.6,
-                                 color=ARM_COLORS[arm], linewidths=0)
+                speed_ax.scatter(k + jitter.uniform(-0.18, 0.18, len(speeds)), speeds, s=14, alpha=0.7,
+                                 color=ARM_COLORS[arm], marker=ARM_MARKERS[arm], linewidths=0)
                 median = float(np.median(speeds))
                 speed_ax.plot([k - 0.3, k + 0.3], [median, median], color="black", linewidth=1.5)
         ladder_ax.set_xticks(range(len(rungs)), rungs)
-        ladder_ax.set_ylim(0, 100)
+        ladder_ax.set_ylim(-3, 103)
         ladder_ax.set_ylabel("% of attempts")
         ladder_ax.set_title(f"{model.label}: share of attempts reaching each rung")
-        ladder_ax.legend(loc="upper right", fontsize=7, frameon=False)
         ladder_ax.grid(axis="y", color="#e0e0e0")
         passed = [a.speedup for a in results.attempts if a.model == model.name and a.passed and a.speedup > 0]
         low = min(-2, math.floor(math.log2(min(passed)))) if passed else -2
         high = max(2, math.ceil(math.log2(max(passed)))) if passed else 2
-        _log2_axis(speed_ax, low, high)
+        _log2_axis(speed_ax, low, high, pad=0.4)
         speed_ax.axhline(1, color="#777777", linewidth=0.8, linestyle="--")
         speed_ax.set_xlim(-0.6, len(ARMS) - 0.4)
-        speed_ax.set_xticks(range(len(ARMS)), [ARM_LABELS[a] for a in ARMS], fontsize=8)
+        speed_ax.set_xticks(range(len(ARMS)), ticks, fontsize=8)
         speed_ax.set_ylabel("speedup vs eager\n(×, log scale)")
         speed_ax.set_title(f"{model.label}: speedup of passed attempts (bar = median)")
+    handles = [Line2D([], [], color=ARM_COLORS[a], marker=ARM_MARKERS[a], label=ARM_LABELS[a])
+               for a in ARMS]
+    fig.legend(handles=handles, loc="outside upper center", ncols=len(ARMS), frameon=False)
     return fig
 
 
