@@ -35,7 +35,7 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
 reproduce: $(STAMP)
-	$(MKB) reproduce
+	$(MKB) reproduce $(if $(MODEL),--model $(MODEL))
 
 # The production image: CUDA 13 devel base pinned by digest, Python 3.12, wheels from requirements.lock.
 image:

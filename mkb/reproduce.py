@@ -1,9 +1,17 @@
-"""`make reproduce`: the steps this machine can run, each recorded in the database, honestly reported."""
+"""`make reproduce`: every step this machine can run, each recorded, and an honest account of the rest.
+
+On a GPU: environment check, problem QA (smoke on CPU, full on the GPU), the `reference` oracle protocol
+over the problems with shipped solutions, the report and the claims comparison. With a model: that
+model's full protocol instead of the oracle. Without a GPU: problem QA at smoke scale, then every table
+regenerated from the shipped results database and compared byte for byte with the committed ones.
+"""
 
 from __future__ import annotations
 
+import filecmp
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mkb import environment
 from mkb.problems import catalog_for
@@ -12,6 +20,12 @@ from mkb.settings import Settings
 from mkb.store import Store
 
 log = logging.getLogger(__name__)
+
+ARTIFACT = Path(__file__).resolve().parent.parent / "artifact"
+SHIPPED_DB = ARTIFACT / "results" / "mkb-h200.duckdb"
+"""The results database produced on the H200 and shipped with the repository."""
+EXPECTED_TABLES = ARTIFACT / "expected" / "tables"
+"""The tables `mkb report` made from SHIPPED_DB when it was committed."""
 
 
 @dataclass
@@ -30,6 +44,7 @@ class Reproduction:
 
     gpu: str | None
     steps: list[Step] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -46,26 +61,93 @@ def _qa_step(settings: Settings, store: Store, scale: str, device: str, env: dic
         store.add_problem_check(report, env)
         if not report.ok:
             failed.append(info.id)
-        if device == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
     summary = f"{len(catalog) - len(failed)}/{len(catalog)} problems passed QA at {scale} scale on {device}"
-    if failed:
-        summary += f"; failed: {', '.join(failed)}"
-    return Step(f"problem QA ({scale}, {device})", not failed, summary)
+    return Step(f"problem QA ({scale}, {device})", not failed, summary + (f"; failed: {', '.join(failed)}" if failed else ""))
 
 
-def reproduce(settings: Settings) -> Reproduction:
-    """Validate the problem set (smoke on CPU; full on the GPU when one is visible) and record it."""
+def _protocol_step(settings: Settings, store: Store, model: str, device: str, base_url: str | None) -> Step:
+    from mkb import protocol
+    from mkb.errors import MkbError
+    from mkb.protocol.attempts import solution_path
+    from mkb.records import DSLS
+
+    catalog = catalog_for(settings.problems_dir)
+    if model == protocol.ORACLE:  # the oracle covers the problems that have a shipped solution in both DSLs
+        ids = [p.id for p in catalog if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+    else:
+        ids = [p.id for p in catalog]
+    slots = [str(g["index"]) for g in environment.gpus()] or ["cpu"]
+    request = protocol.RunRequest(model=model, problems=ids, slots=slots, base_url=base_url)
+    try:
+        items = protocol.check_stale(protocol.make_plan(settings, store, request), rerun_stale=False)
+        progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
+                                      protocol.executor_factory("local", ""))
+    except MkbError as exc:
+        return Step(f"protocol ({model})", False, str(exc))
+    label = f"{model} (oracle)" if model == protocol.ORACLE else model
+    return Step(f"protocol ({label})", not progress.by_state.get("infra_error"),
+                f"{progress.done} trials run, {progress.passed} passed, "
+                f"{len(items) - progress.total} reused, over {len(ids)} problems")
+
+
+def _report_step(db: Path, out: Path, name: str) -> tuple[Step, Path | None]:
+    from mkb.analysis.claims import compare, load_claims
+    from mkb.analysis.data import load_results
+    from mkb.analysis.report import write_report
+
+    with Store(db, read_only=True) as store:
+        results = load_results(store, None)
+    if results.is_empty:
+        return Step(name, False, f"{db} holds no finished trials"), None
+    claims = load_claims(ARTIFACT / "claims.json")
+    written = write_report(results, out, claims, with_figures=True)
+    rows = compare(results, claims)
+    return Step(name, True, f"{len(written.tables)} tables, {len(written.figures)} figures, "
+                            f"{len(rows)} claims compared; start at {written.index}"), written.index
+
+
+def _compare_tables(out: Path) -> Step:
+    expected = sorted(p.name for p in EXPECTED_TABLES.glob("*")) if EXPECTED_TABLES.is_dir() else []
+    if not expected:
+        return Step("tables vs committed", False, f"no expected tables in {EXPECTED_TABLES}")
+    differ = [n for n in expected if not (out / "tables" / n).exists()
+              or not filecmp.cmp(out / "tables" / n, EXPECTED_TABLES / n, shallow=False)]
+    return Step("tables vs committed", not differ,
+                f"{len(expected) - len(differ)}/{len(expected)} tables identical to artifact/expected/tables"
+                + (f"; differ: {', '.join(differ[:5])}" if differ else ""))
+
+
+def reproduce(settings: Settings, model: str | None = None, base_url: str | None = None) -> Reproduction:
+    """Run what this machine can; record it; report what was skipped and why."""
     env = environment.describe(with_gpu=True)
     gpu = env["gpus"][0]["name"] if env["gpus"] else None
     result = Reproduction(gpu=gpu)
+    result.steps.append(Step("environment", True, f"GPU {gpu or 'none'}; driver {env.get('driver') or '-'}; "
+                             + ", ".join(f"{k} {v}" for k, v in env["versions"].items())))
     with Store(settings.db_path) as store:
         result.steps.append(_qa_step(settings, store, "smoke", "cpu", env))
         if gpu:
             result.steps.append(_qa_step(settings, store, "full", "cuda", env))
         else:
-            result.steps.append(Step("problem QA (full, cuda)", True,
-                                     "no GPU visible: full-scale QA needs a CUDA GPU", skipped=True))
+            result.steps.append(Step("problem QA (full, cuda)", True, "skipped: needs a CUDA GPU", skipped=True))
+        if model or gpu:
+            result.steps.append(_protocol_step(settings, store, model or "reference", "cuda" if gpu else "cpu",
+                                               base_url))
+        else:
+            result.steps.append(Step("protocol (reference oracle)", True,
+                                     "skipped: grading kernels needs a CUDA GPU (or pass MODEL=... to run a model)",
+                                     skipped=True))
+    if model or gpu:
+        step, index = _report_step(settings.db_path, settings.home / "report", "report + claims (this run)")
+        result.steps.append(step)
+        result.outputs += [str(settings.db_path)] + ([str(index)] if index else [])
+    if SHIPPED_DB.exists():
+        out = settings.home / "report-shipped"
+        step, index = _report_step(SHIPPED_DB, out, "report + claims (shipped H200 results)")
+        result.steps.append(step)
+        if step.ok:
+            result.steps.append(_compare_tables(out))
+            result.outputs.append(str(index))
+    else:
+        result.steps.append(Step("report (shipped H200 results)", False, f"{SHIPPED_DB} is missing"))
     return result

@@ -10,12 +10,15 @@ from mkb.cli import console, emit, settings_from
 
 
 @click.command(name="reproduce")
+@click.option("--model", envvar="MODEL", help="Run this model's full protocol (provider/model) instead of the oracle.")
+@click.option("--base-url", envvar="MKB_BASE_URL", help="Endpoint for a plain model name.")
 @click.pass_context
-def reproduce_cmd(ctx):
+def reproduce_cmd(ctx, model, base_url):
     """Run every reproduction step this machine can, record it in the database, print a summary.
 
-    Without a GPU it validates the problem set at smoke scale on the CPU and says what it skipped;
-    with a GPU it also checks every problem at full scale.
+    On a GPU: problem QA (smoke and full scale), the `reference` oracle protocol, report and claims.
+    With MODEL: that model's protocol. Without a GPU: smoke QA, then every table regenerated from the
+    shipped H200 results and compared with the committed ones. It says what it skipped and why.
 
     Example:
 
@@ -25,11 +28,11 @@ def reproduce_cmd(ctx):
     from mkb.reproduce import reproduce
 
     settings = settings_from(ctx)
-    result = reproduce(settings)
+    result = reproduce(settings, model=model, base_url=base_url)
     console.print(f"GPU: {result.gpu or 'none visible (CPU-only steps)'}")
     emit([{"step": s.name, "result": "skipped" if s.skipped else "ok" if s.ok else "FAILED", "summary": s.summary}
           for s in result.steps], title="mkb reproduce")
-    console.print(f"Results recorded in {settings.db_path} (query with: mkb db query \"SELECT * FROM problem_checks\")")
+    console.print(f"Recorded in {settings.db_path}; outputs: " + ", ".join(result.outputs or [str(settings.db_path)]))
     if not result.ok:
         sys.exit(1)
 

@@ -11,28 +11,6 @@ from mkb.cli import console, emit, settings_from
 from mkb.records import FAMILIES, Arm
 
 
-def judge_grader(settings, device: str):
-    """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
-    from mkb.judge import grade
-
-    def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
-        return grade(problem, kernel_path, dsl, device=device, settings=settings,
-                     visible_devices=None if device_slot == "cpu" else device_slot)
-
-    return run
-
-
-def executor_factory(sandbox: str, image: str):
-    """A workspace executor per attempt: bubblewrap on this host, or a Docker container."""
-    from mkb.agent.executor import LocalExecutor
-
-    if sandbox == "docker":
-        from mkb.agent.docker_executor import DockerExecutor
-
-        return lambda workdir: DockerExecutor(workdir, image)
-    return lambda workdir: LocalExecutor(workdir)
-
-
 class _Live:
     """The progress view: a rich Live table on a terminal, plain log lines otherwise."""
 
@@ -140,8 +118,8 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
         view = _Live(len(items))
         started = time.monotonic()
         with view:
-            progress = protocol.run_model(settings, store, request, items, judge_grader(settings, device),
-                                          executor_factory(sandbox, image), on_event=view.event,
+            progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
+                                          protocol.executor_factory(sandbox, image), on_event=view.event,
                                           on_pool=lambda p: setattr(view, "pool", p))
         wall = time.monotonic() - started
         rows = store.rows("SELECT state, status, count(*) AS n FROM trials WHERE model = ? "

@@ -160,4 +160,26 @@ def trials_of(items: list[PlanItem], action: Action | None = None) -> list[str]:
     return [i.spec.trial_id for i in items if action is None or i.action == action]
 
 
+def judge_grader(settings, device: str):
+    """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
+    from mkb.judge import grade
+
+    def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
+        return grade(problem, kernel_path, dsl, device=device, settings=settings,
+                     visible_devices=None if device_slot == "cpu" else device_slot)
+
+    return run
+
+
+def executor_factory(sandbox: str, image: str):
+    """A workspace executor per attempt: bubblewrap on this host, or a Docker container."""
+    from mkb.agent.executor import LocalExecutor
+
+    if sandbox == "docker":
+        from mkb.agent.docker_executor import DockerExecutor
+
+        return lambda workdir: DockerExecutor(workdir, image)
+    return lambda workdir: LocalExecutor(workdir)
+
+
 __all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "ORACLE", "ProblemInfo"]
