@@ -219,3 +219,17 @@ def test_renderers_escape_their_specials():
     assert r"$\geq$ 2$\times$" in tex and r"note \textgreater{} 1" in tex and r"\label{tab:mkb-t-x}" in tex
     md = to_markdown(table)
     assert r"| Δ\|x | rate |" in md and "| ≥ 2× | – |" in md and "*Parameters.* delta = 0.05" in md
+
+
+def test_a_sparse_database_still_gives_every_table_and_figure(tmp_path):
+    # One model, solo arms only, nothing passed: no complete cell anywhere, no pooled rows.
+    with Store(tmp_path / "sparse.duckdb") as store:
+        add_problem(store, 1, "attention")
+        add_cell_trials(store, "solo-only", "p01", {SC: None, ST: "infra_error"})
+    result = run("report", "--db", tmp_path / "sparse.duckdb", "--out", tmp_path / "r", "--compare-claims")
+    assert result.exit_code == 0, result.output
+    for name in TABLES:
+        assert (tmp_path / "r" / "tables" / f"{name}.md").is_file()
+    for name in FIGURES:
+        assert (tmp_path / "r" / "figures" / f"{name}.png").stat().st_size > 0
+    assert "no data" in (tmp_path / "r" / "tables" / "claims.md").read_text()
