@@ -32,6 +32,8 @@ COPY artifact /opt/mkb/artifact
 COPY tests /opt/mkb/tests
 RUN pip install -q --no-index --no-deps --no-build-isolation -e /opt/mkb && pip check \
  && useradd --create-home --uid 1000 mkb && mkdir -p /results && chown mkb /results
+# The agents' API reference, generated from the installed DSLs (never committed: upstream docstrings).
+RUN mkb docs build
 
 # Build-time smoke test: both DSLs import and compile a kernel for sm_90a (no GPU needed).
 USER mkb

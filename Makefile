@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --require-hashes --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip check
+	$(MKB) docs build
 	touch $(STAMP)
 
 test: $(STAMP)
