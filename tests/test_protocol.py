@@ -37,7 +37,7 @@ def test_plan_actions_from_stored_rows():
     current = {s.trial_id: parts_for(s, "sha1" if s.arm.is_skill else None) for s in specs}
     stored = {
         ids[Arm.SOLO_CUTEDSL]: {"state": "finished", "fingerprint_parts": current[ids[Arm.SOLO_CUTEDSL]].model_dump()},
-        ids[Arm.SOLO_TIRX]: {"state": "infra_error"},
+        ids[Arm.SOLO_TIRX]: {"state": "finished", "status": "infra_error"},
         ids[Arm.CUTEDSL2TIRX_SKILL]: {"state": "finished",
                                       "fingerprint_parts": parts_for(specs[2], "old").model_dump()},
         ids[Arm.TIRX2CUTEDSL_SKILL]: {"state": "finished", "fingerprint_parts": {}},

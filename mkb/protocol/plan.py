@@ -116,8 +116,9 @@ def plan(specs: list[TrialSpec], stored: dict[str, dict], current: dict[str, Fin
         source_item = items.get(spec.source_trial_id) if spec.source_trial_id else None
         if row is None:
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.RUN, reason="never ran")
-        elif row.get("state") in RERUN_STATES:
-            items[spec.trial_id] = PlanItem(spec=spec, action=Action.RERUN, reason=f"last ended {row.get('state')}")
+        elif row.get("state") in RERUN_STATES or row.get("status") == "infra_error":
+            ended = "with an infra_error grading" if row.get("state") not in RERUN_STATES else row.get("state")
+            items[spec.trial_id] = PlanItem(spec=spec, action=Action.RERUN, reason=f"last ended {ended}")
         elif source_item is not None and source_item.action in (Action.RUN, Action.RERUN):
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.RUN, reason="its source solo runs now")
         elif source_item is not None and source_item.action == Action.STALE:
