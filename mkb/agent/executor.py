@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from mkb.settings import environment
+from mkb.settings import environment, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -186,13 +186,17 @@ class LocalExecutor:
     """
 
     def __init__(self, workspace: Path, *, isolate: bool = True, hide: tuple[Path, ...] = ()):
+        """Args:
+            hide: host directories to mask (empty tmpfs) in addition to the mkb checkout, MKB_HOME, the
+                problems and the solutions; only needed where they lie under a SYSTEM_DIRS directory.
+        """
         self.root = Path(workspace).resolve()
         self.tmp = self.root.parent / (self.root.name + ".tmp")
         self.tmp.mkdir(parents=True, exist_ok=True)
         problem = bwrap_problem() if isolate else "isolation was switched off"
         if problem is None:
             self.isolation, self.workdir = "bwrap", WORKDIR
-            self._prefix = self._bwrap_prefix(hide)
+            self._prefix = self._bwrap_prefix((*_private_paths(), *hide))
             self._env = child_env(_sandbox_path(), home="/tmp")
         else:
             log.warning("NO SANDBOX: %s. The agent's commands run as plain subprocesses WITH network access "
@@ -262,6 +266,13 @@ class LocalExecutor:
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _private_paths() -> tuple[Path, ...]:
+    """What an agent must never read: the mkb checkout (grader code), MKB_HOME (results, other attempts),
+    the problems tree (solutions)."""
+    settings = load_settings()
+    return (Path(__file__).resolve().parents[2], settings.home, settings.problems_dir, settings.solutions_path)
 
 
 def _kill_group(pid: int) -> None:
