@@ -196,8 +196,8 @@ class _Run:
                     f"verdict: {referee.stderr.text()[-1500:]}"}, details, log_tail
         details.update(verdict.pop("details", {}))
         details.setdefault("candidate", reported)
-        if details.pop("candidate_died", False):
-            verdict["message"] = f"the candidate process {candidate.describe_exit()} ({verdict['message']})"
+        if phase := details.pop("candidate_died", None):
+            verdict["message"] = f"the candidate process {candidate.describe_exit()} during {phase}"
         if verdict["status"] == Status.INFRA_ERROR:
             details["referee_log"] = referee.stderr.text()[-4000:]
         return verdict, details, log_tail

@@ -106,7 +106,7 @@ class Referee:
             return self.verdict(f.status, f.message, **f.details)
         except wire.WireError as exc:
             return self.verdict(Status.CRASHED, f"the candidate process died during {self.phase} ({exc})",
-                                candidate_died=True)
+                                candidate_died=self.phase)
         except timing.TimingError as exc:
             status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED}.get(exc.kind, Status.RUNTIME_ERROR)
             return self.verdict(status, f"during timing: {exc}")
@@ -152,12 +152,12 @@ class Referee:
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
             draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
             self.draws.append(draw)
-            if not draw.ok:
-                raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
             out_digests.append(checks.digest(out))
             ref_digests.append(checks.digest(ref))
             if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
                 raise Failure(Status.INCORRECT, stale)
+            if not draw.ok:
+                raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
             self.guard_inputs(reply, inputs, tree, pristine, d)
             if d == 0:
                 first = (out, tree)
@@ -179,12 +179,12 @@ class Referee:
         changed = [p for (p, a), (_, b) in zip(tt.flatten(now, "in"), tt.flatten(pristine, "in"))
                    if isinstance(a, torch.Tensor) and not tt.bitwise_equal(a, b)]
         changed += [p for p in reply.get("mutated", []) if p not in changed]
-        if changed:
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; "
-                                            f"inputs must be left unchanged")
         if reply.get("alias"):
             raise Failure(Status.INCORRECT, f"draw {d + 1}: {reply['alias'][0]} shares memory with an input; "
                                             f"return new tensors")
+        if changed:
+            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; "
+                                            f"inputs must be left unchanged")
 
     def knockout(self, out0: Any, tree: dict) -> bool:
         """Re-run draw 1 with the DSL calls skipped and their outputs poisoned; did the outputs change?"""

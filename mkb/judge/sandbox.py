@@ -128,9 +128,9 @@ class Child:
             return "still running"
         if code < 0:
             try:
-                return f"killed by {signal.Signals(-code).name}"
+                return f"was killed by {signal.Signals(-code).name}"
             except ValueError:
-                return f"killed by signal {-code}"
+                return f"was killed by signal {-code}"
         return f"exited with code {code}"
 
 

@@ -20,7 +20,8 @@ FORBIDDEN_IMPORTS = {
     "pycuda": "PyCUDA", "cuda.bindings.nvrtc": "NVRTC", "cuda.nvrtc": "NVRTC", "nvrtc": "NVRTC",
     "torch._inductor": "torch.compile internals", "torch._dynamo": "torch.compile internals",
     "mkb": "the grader's internals", "problems": "the problem set (reference / make_inputs)",
-    "gc": "garbage-collector introspection", "importlib": "dynamic imports",
+    "gc": "garbage-collector introspection", "importlib": "dynamic imports", "signal": "signal handling",
+    "inspect": "frame introspection",
 }
 FORBIDDEN_ATTRIBUTES = {
     ("torch", "compile"): "torch.compile", ("torch", "jit"): "TorchScript (torch.jit)",
@@ -32,7 +33,8 @@ FORBIDDEN_ATTRIBUTES = {
     ("os", "execl"): "os.exec*", ("os", "spawnv"): "os.spawn*", ("os", "posix_spawn"): "os.posix_spawn",
     ("sys", "_getframe"): "frame introspection", ("sys", "modules"): "sys.modules manipulation",
     ("sys", "meta_path"): "import-system manipulation", ("sys", "settrace"): "tracing hooks",
-    ("sys", "setprofile"): "profiling hooks",
+    ("sys", "setprofile"): "profiling hooks", ("os", "kill"): "signalling other processes",
+    ("os", "killpg"): "signalling other processes",
 }
 FORBIDDEN_CALLS = {"exec": "exec()", "eval": "eval()", "compile": "compile() (dynamic code)",
                    "__import__": "dynamic imports", "reference": "the problem's reference()",

@@ -1,0 +1,78 @@
+"""`mkb bench`: benchmarks of mkb itself (not tests): judge overhead and timing repeatability."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import click
+
+from mkb.cli import emit, output_options, settings_from
+from mkb.errors import MkbError
+from mkb.records import DSLS
+
+DEFAULT_KERNEL = Path(__file__).resolve().parents[2] / "tests" / "kernels" / "gpu_cutedsl_p28.py"
+
+
+@click.group(name="bench")
+def bench():
+    """Benchmarks of mkb's own machinery (they need a GPU).
+
+    Example:
+
+    \b
+        mkb bench judge p28 --dsl cutedsl tests/kernels/gpu_cutedsl_p28.py --json
+    """
+
+
+@bench.command(name="judge")
+@click.argument("problem_id", default="p28")
+@click.argument("kernel", type=click.Path(dir_okay=False), default=str(DEFAULT_KERNEL))
+@click.option("--dsl", type=click.Choice([str(d) for d in DSLS]), default="cutedsl", show_default=True)
+@click.option("--repeats", type=int, default=5, show_default=True, help="Gradings per timing mode.")
+@output_options
+@click.pass_context
+def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
+    """Judge overhead per evaluation and the spread of speedup over repeated gradings (paper and flushed).
+
+    Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
+    Spread is (max - min) / median of the speedups of `repeats` gradings of the same kernel.
+
+    Example:
+
+    \b
+        mkb bench judge --json
+    """
+    from mkb.judge import grade, resolve_device
+    from mkb.problems import catalog_for, resolve
+
+    if resolve_device("auto") != "cuda":
+        raise MkbError("mkb bench judge needs a CUDA GPU and none is visible here; run it on the GPU machine.")
+    settings = settings_from(ctx)
+    problem = resolve(problem_id, catalog_for(settings.problems_dir))
+    rows = []
+    for mode in ("paper", "flushed"):
+        records = [grade(problem, kernel, dsl, device="cuda", timing=mode, settings=settings) for _ in range(repeats)]
+        rows.append(summarize(mode, records))
+    emit(rows, json_, csv_, title=f"judge benchmark: {problem.id} {dsl} {Path(kernel).name}",
+         columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "wall_s"])
+
+
+def summarize(mode: str, records: list) -> dict:
+    """One row: pass count, medians, speedup spread and overhead per evaluation."""
+    passed = [r for r in records if r.passed]
+    row = {"mode": mode, "passed": f"{len(passed)}/{len(records)}",
+           "statuses": [str(r.status) for r in records], "messages": [r.message for r in records if not r.passed]}
+    if not passed:
+        return row
+    speedups = [r.speedup for r in passed]
+    overheads = [r.wall_s - r.details.get("solve_calls", 0) * r.kernel_ms / 1e3 for r in passed]
+    median = statistics.median(speedups)
+    row.update(kernel_ms=statistics.median(r.kernel_ms for r in passed), speedup_median=median,
+               spread_pct=100 * (max(speedups) - min(speedups)) / median, speedups=speedups,
+               overhead_s=statistics.median(overheads), wall_s=statistics.median(r.wall_s for r in passed))
+    return row
+
+
+def register(main):
+    main.add_command(bench)

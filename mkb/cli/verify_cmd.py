@@ -1,0 +1,71 @@
+"""`mkb verify`: grade one kernel file against one problem variant with the judge."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from mkb.cli import console, settings_from
+from mkb.records import DSLS
+
+
+@click.command(name="verify")
+@click.argument("problem_id")
+@click.argument("kernel", type=click.Path(dir_okay=False))
+@click.option("--dsl", type=click.Choice([str(d) for d in DSLS]), required=True, help="Declared DSL of the kernel.")
+@click.option("--device", type=click.Choice(["cuda", "cpu", "auto"]), default=None,
+              help="Where the kernel runs (default: the device setting, auto = cuda when present).")
+@click.option("--json", "json_", is_flag=True, help="Print the judge record as one JSON object on stdout.")
+@click.option("--timing", type=click.Choice(["paper", "flushed"]), default="paper", show_default=True,
+              help="paper: warm L2 as in the paper; flushed: L2 evicted before each timed call.")
+@click.option("--timeout", "timeout_s", type=float, default=None, help="Hard limit in seconds (default: the setting).")
+@click.option("--scale", type=click.Choice(["full", "smoke"]), default="full", show_default=True,
+              help="Problem size: smoke is the tiny CPU-test workload.")
+@click.option("--db", type=click.Path(dir_okay=False), default=None, help="Store the record in this results database.")
+@click.pass_context
+def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, db):
+    """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 1 otherwise.
+
+    Example:
+
+    \b
+        mkb verify p28 --dsl cutedsl kernel.py --json
+        mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
+    """
+    from mkb.judge import grade
+    from mkb.problems import catalog_for, resolve
+
+    settings = settings_from(ctx, db=db)
+    problem = resolve(problem_id, catalog_for(settings.problems_dir))
+    record = grade(problem, kernel, dsl, device=device or settings.device, timing=timing, timeout_s=timeout_s,
+                   settings=settings, scale=scale)
+    if db or (ctx.find_root().obj or {}).get("db"):
+        from mkb.store import Store
+
+        data = Path(kernel).read_bytes()
+        with Store(settings.db_path) as store:
+            store.add_evaluation(record, origin="verify", kernel_path=str(Path(kernel).resolve()),
+                                 kernel_sha256=hashlib.sha256(data).hexdigest())
+    if json_:
+        click.echo(json.dumps(record.model_dump(mode="json"), allow_nan=False))
+    else:
+        _show(record)
+    sys.exit(0 if record.passed else 1)
+
+
+def _show(record) -> None:
+    colour = "green" if record.passed else "red"
+    console.print(f"[{colour}]{record.status}[/{colour}] {record.problem} ({record.dsl}, {record.device}): "
+                  f"{record.message}")
+    if record.kernel_ms is not None:
+        console.print(f"kernel {record.kernel_ms:.4f} ms, eager {record.eager_ms:.4f} ms, "
+                      f"speedup {record.speedup:.3f}x")
+    console.print(f"DSL check: {record.dsl_check}; {len(record.draws)} draws; {record.wall_s:.1f} s")
+
+
+def register(main):
+    main.add_command(verify)

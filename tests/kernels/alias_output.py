@@ -1,0 +1,14 @@
+"""Hack: writes the sum into the `x` input and returns that very tensor (output aliasing an input).
+
+Problem: p28
+DSL: cutedsl
+Device: cpu
+Expected: incorrect
+"""
+import torch
+
+
+def solve(x, residual, weight):
+    s = x.float() + residual.float()
+    out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
+    return out.to(x.dtype), x.copy_(s.to(x.dtype))
