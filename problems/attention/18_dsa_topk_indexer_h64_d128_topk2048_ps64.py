@@ -60,7 +60,8 @@ def _boundary_gap(score):
 
 
 def _pack_keys(blocks, block_size, device):
-    k = torch.randn(blocks, block_size, DIM, device=device) * torch.exp(0.5 * torch.randn(blocks, block_size, 1, device=device))
+    magnitude = torch.exp(0.5 * torch.randn(blocks, block_size, 1, device=device))
+    k = torch.randn(blocks, block_size, DIM, device=device) * magnitude
     scales = k.abs().amax(dim=-1) / 448.0
     codes = (k / scales[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     return torch.cat([codes.view(torch.uint8).view(blocks, -1), scales.view(torch.uint8)], dim=-1)
