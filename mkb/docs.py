@@ -27,7 +27,8 @@ CUTEDSL_MODULES = (
     "cutlass.cute.math", "cutlass.cute", "cutlass.cute.arch", "cutlass.cute.nvgpu",
     "cutlass.cute.nvgpu.cpasync", "cutlass.cute.nvgpu.warp", "cutlass.cute.nvgpu.warpgroup",
     "cutlass.cute.nvgpu.tcgen05", "cutlass.cute.runtime", "cutlass.cute.testing", "cutlass.cute.export",
-    "cutlass", "cutlass.pipeline", "cutlass.memory", "cutlass.utils", "cutlass.utils.hopper_helpers",
+    "cutlass", "cutlass.tensor_utils", "cutlass.pipeline", "cutlass.memory", "cutlass.utils",
+    "cutlass.utils.hopper_helpers",
     "cutlass.utils.blackwell_helpers", "cutlass.utils.blockscaled_layout", "cutlass.torch",
 )
 """CuTe DSL modules documented, in order: an object re-exported by a later module is listed there as an alias."""
