@@ -2,8 +2,8 @@
 # Source: IBM Granite-4.0-H (granitemoehybrid) config.json: mamba_d_head 64, mamba_n_groups 1,
 # mamba_d_state 128, mamba_chunk_size 256, mamba_d_conv 4; the Mamba2 layers use dt_softplus with
 # a learned dt_bias, A = -exp(A_log) per head and a per-head skip D. We take 16 heads (a
-# tensor-parallel slice). Slot change: the slot's state size 256 is not a Granite-4.0-H value; the
-# published configs use 128.
+# tensor-parallel slice). Slot change: the slot's state size 256 is not a Granite-4.0-H value;
+# the published configs we checked (H-Tiny, H-1B and the 2048-wide dense hybrid) use 128.
 # Workload: 8 sequences x 1024 tokens (4 chunks of 256).
 # Semantics (state-space duality): per head, with a_t = dt_t * A and L[l, s] = exp(sum_{s<j<=l}
 # a_j) for l >= s (the exponentiated segment sum): y = (C B^T * L) (dt x) within a chunk, plus the

@@ -38,18 +38,17 @@ def make_inputs(device="cuda", scale="full"):
 
 def reference(time_decay, time_first, k, v, aa, bb, pp):
     w = -torch.exp(time_decay)
-    u = time_first
+    uk = time_first + k  # the bonus exponent u + k_t for every step at once
     out = torch.empty_like(k)
     for t in range(k.shape[1]):
         kt, vt = k[:, t], v[:, t]
-        ww = u + kt
-        p = torch.maximum(pp, ww)
-        e1, e2 = torch.exp(pp - p), torch.exp(ww - p)
-        out[:, t] = (e1 * aa + e2 * vt) / (e1 * bb + e2)
+        p = torch.maximum(pp, uk[:, t])
+        e1, e2 = torch.exp(pp - p), torch.exp(uk[:, t] - p)
+        torch.div(torch.addcmul(e2 * vt, e1, aa), torch.addcmul(e2, e1, bb), out=out[:, t])
         ww = pp + w
         p = torch.maximum(ww, kt)
         e1, e2 = torch.exp(ww - p), torch.exp(kt - p)
-        aa = e1 * aa + e2 * vt
-        bb = e1 * bb + e2
+        aa = torch.addcmul(e2 * vt, e1, aa)
+        bb = torch.addcmul(e2, e1, bb)
         pp = p
     return out, aa, bb, pp

@@ -2,10 +2,10 @@
 # Source: RetNet (Sun et al., 2023, "Retentive Network"), 1.3B configuration: hidden 2048,
 # 8 heads, key dim 2048 / 8 = 256 per head and value dim 2 * 2048 / 8 = 512 per head; multi-scale
 # decay gamma_h = 1 - 2^(-5 - h); the output is GroupNorm over heads, gated by swish(X W_G).
-# Parallel form (as in the public torchscale implementation): D[n, m] = gamma^(n - m) for n >= m,
-# else 0, with every row divided by sqrt(its sum); R = (q k^T / sqrt(256)) * D; R is divided per
-# row by max(sum_m |R[n, m]|, 1); Y = R v; each head's 512 outputs are group-normalised (mean
-# and variance, no affine, eps 1e-6); out = swish(gate) * Y, heads concatenated. q and k arrive
+# Parallel form with RetNet's normalisations (defined here as): D[n, m] = gamma^(n - m) for
+# n >= m, else 0, every row divided by sqrt(its sum); R = (q k^T / sqrt(256)) * D; R divided per
+# row by max(sum_m |R[n, m]|, 1); Y = R v; each head's 512 outputs group-normalised (mean and
+# variance, no affine, eps 1e-6); out = swish(gate) * Y, heads concatenated. q and k arrive
 # already rotated (xPos), v and the gate pre-activation already projected.
 # Workload: 8 sequences x 1024 tokens. Computed in fp32, rounded to bf16 once.
 # Fixed: shapes, decays. Redrawn per draw: q, k, v, gate (N(0,1), bf16).

@@ -1,7 +1,8 @@
 """Gated DeltaNet multi-token (MTP draft verification) step: for each of 32 requests, read its fp32 state from a pool by index, run the gated delta rule over 4 draft tokens (gates from raw a/b, in-kernel L2 norm of q/k, 8 q/k heads shared by 16 v heads); returns bf16 o [32,4,16,128] and the true fp32 final states [32,16,128,128]."""
 # Source: Qwen3-Next-80B-A3B config.json: linear_num_key_heads 16, linear_num_value_heads 32,
-# linear_key_head_dim 128, linear_value_head_dim 128, num_nextn_predict_layers 1 (MTP drafts are
-# verified by running several tokens per request through each layer). Its Gated DeltaNet computes
+# linear_key_head_dim 128, linear_value_head_dim 128; the model ships a multi-token-prediction
+# head, and its drafts are verified by running several tokens per request through every layer
+# in one step. Its Gated DeltaNet computes
 # g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), L2-normalises q and k (eps 1e-6),
 # scales q by 128^-0.5 and shares each q/k head among 2 consecutive v heads (v head h reads q/k
 # head h // 2). 2-way tensor-parallel shard: 8 q/k heads, 16 v heads.

@@ -17,9 +17,10 @@
 # out = dequant(o_q) @ dequant(Wo)^T, rounded to bf16 once.
 # Requantization robustness: o_global is a power of two, so block_scale * o_global is exact and a
 # code can differ between the fp32 run and the fp64 anchor only where o itself (~1e-6 relative
-# apart in the two runs) straddles a rounding midpoint: a handful of the 67M codes, each moving
-# one of the 8192 terms of an output dot product by one e2m1 step (about 1% of the output's
-# spread), an order of magnitude below the bf16 tolerance. Ties round half to even.
+# apart in the two runs) straddles a rounding midpoint: at full scale about 700 of the 67M codes
+# and 50 of the 4.2M block scales; each moves a few of the 8192 terms of an output dot product,
+# and the largest effect seen (with the bf16 rounding) was 0.4% of max|out|, against a
+# tolerance of at least 2.3% (3 x bf16 eps x max|out|). Ties round half to even.
 # Fixed: shapes, RoPE base. Redrawn per draw: activations, weights (quantized here); o_global is
 # calibrated per draw from the amax of the attention values v (an upper bound of |o|), rounded up
 # to a power of two.
