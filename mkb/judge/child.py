@@ -70,7 +70,7 @@ class Candidate:
 
     def start(self) -> None:
         if self.spec["role"] == "candidate":
-            hooks.install(self.tracker)
+            hooks.install(self.tracker, extra=guards.forbidden_callbacks(self.tracker))
             sys.meta_path.insert(0, _Blocker())
         self.integrity = guards.Integrity([wire, hooks, guards, trace, sys.modules["__main__"]])
         os.write(self.spec["ready_fd"], b"ready")
@@ -172,7 +172,7 @@ class Candidate:
             return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
 
     def cmd_report(self, msg: dict) -> dict:
-        forbidden = [m for m in hooks.FORBIDDEN_MODULES if m in sys.modules]
+        forbidden = [m for m in guards.FORBIDDEN_MODULES if m in sys.modules]
         self.observed.update(self.tracker.report(), patched=self.integrity.patched(),
                              forbidden_modules=forbidden, written=len(self.tracker.written))
         return {"ok": True, **self.observed}

@@ -11,7 +11,7 @@ import builtins
 import sys
 import time
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -30,6 +30,8 @@ WATCHED = (
     "builtins.print", "builtins.open", "builtins.__import__", "sys.exit",
 )
 """Entry points the judge relies on, or that timing hacks replace."""
+FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
+"""Other GPU languages: importing one at all is a policy violation."""
 
 
 def _resolve(dotted: str) -> Any:
@@ -144,3 +146,100 @@ def describe_shape(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return (type(obj).__name__, [describe_shape(o) for o in obj])
     return "tensor" if isinstance(obj, torch.Tensor) else type(obj).__name__
+
+
+# -- forbidden runtime features (each use becomes a finding for the referee) -------------------
+
+def forbidden_callbacks(tracker) -> dict[str, Callable]:
+    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads, other GPU languages."""
+    callbacks = {"cuda.bindings.nvrtc": lambda m: _patch_nvrtc(tracker, m),
+                 "cuda.bindings.driver": lambda m: _patch_driver(tracker, m),
+                 "triton": lambda m: _patch_triton(tracker),
+                 "torch.utils.cpp_extension": lambda m: _patch_cpp_extension(tracker, m)}
+    for name in FORBIDDEN_MODULES:
+        callbacks[name] = lambda m, name=name: tracker.finding(f"imported {name} (another GPU language)")
+    _patch_torch(tracker)
+    return callbacks
+
+
+def _patch_driver(tracker, module) -> None:
+    """Loading a cubin/PTX by hand (outside a DSL's own calls) is raw CUDA."""
+    for name in ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad", "cuLibraryLoadData", "cuLibraryLoadFromFile"):
+        original = getattr(module, name, None)
+        if original is None:
+            continue
+
+        def load(*args, _original=original, _name=name, **kwargs):
+            if not (tracker.depth or tracker.compiling):
+                tracker.finding(f"cuda.bindings.driver.{_name} loaded a GPU module outside a DSL call")
+            return _original(*args, **kwargs)
+
+        setattr(module, name, load)
+
+
+def _patch_nvrtc(tracker, module) -> None:
+    original = getattr(module, "nvrtcCompileProgram", None)
+    if original is None:
+        return
+
+    def nvrtcCompileProgram(*args, **kwargs):
+        if not tracker.compiling:
+            tracker.finding("NVRTC compiled a program outside a DSL compile")
+        return original(*args, **kwargs)
+
+    module.nvrtcCompileProgram = nvrtcCompileProgram
+
+
+def _patch_triton(tracker) -> None:
+    tracker.finding("imported triton")
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:  # an unusual triton layout: the import finding stands on its own
+        return
+    original = JITFunction.run
+
+    def run(self, *args, **kwargs):
+        tracker.finding(f"launched the Triton kernel {getattr(self, '__name__', '?')}")
+        return original(self, *args, **kwargs)
+
+    JITFunction.run = run
+
+
+def _patch_cpp_extension(tracker, module) -> None:
+    for name in ("load_inline", "load"):
+        original = getattr(module, name, None)
+        if original is None:
+            continue
+
+        def loader(*args, _original=original, _name=name, **kwargs):
+            tracker.finding(f"torch.utils.cpp_extension.{_name} built raw C++/CUDA")
+            return _original(*args, **kwargs)
+
+        setattr(module, name, loader)
+
+
+def _patch_torch(tracker) -> None:
+    """torch.compile, TorchScript, CUDA graphs and jiterator: forbidden by the kernel contract."""
+
+    def forbid(owner, name: str, what: str) -> None:
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+
+        def guarded(*args, **kwargs):
+            tracker.finding(f"used {what}")
+            return original(*args, **kwargs)
+
+        guarded.__wrapped__ = original
+        setattr(owner, name, guarded)
+
+    forbid(torch, "compile", "torch.compile")
+    forbid(torch.jit, "script", "torch.jit.script")
+    forbid(torch.jit, "trace", "torch.jit.trace")
+    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
+    if graph_cls is not None:
+        forbid(graph_cls, "replay", "CUDA graphs")
+        forbid(graph_cls, "capture_begin", "CUDA graphs")
+    jiterator = getattr(torch.cuda, "jiterator", None)
+    if jiterator is not None:
+        forbid(jiterator, "_create_jit_fn", "torch.cuda.jiterator (NVRTC)")

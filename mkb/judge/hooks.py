@@ -10,8 +10,7 @@ the DSL builds reports its kernel symbols, and every call of a DSL-compiled call
 - knockout: skip the call and poison the tensors it wrote in the observed run, so that a
   returned tensor that depends on the DSL kernel must change.
 
-Forbidden runtime features (Triton, NVRTC outside a DSL compile, load_inline, torch.compile,
-CUDA graphs, other GPU languages) are recorded as findings; the referee decides what they mean.
+Forbidden runtime features are watched by guards.py through the same import watcher.
 Everything here runs in the untrusted process: it is evidence, checked against what the trusted
 side can see (outputs, timings), never the only line of defence.
 """
@@ -28,8 +27,6 @@ from typing import Any, Callable
 import torch
 
 KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
-FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
-"""Other GPU languages: importing one at all is a policy violation."""
 
 
 class Tracker:
@@ -159,19 +156,14 @@ class _Watcher(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(tracker: Tracker) -> None:
-    """Watch the DSLs and forbidden libraries; patch those already imported."""
+def install(tracker: Tracker, extra: dict[str, Callable] | None = None) -> None:
+    """Watch the DSLs (and the modules in extra); patch those already imported."""
     callbacks = {"cutlass.cute": lambda m: _patch_cute(tracker), "tvm": lambda m: _patch_tvm(tracker),
-                 "cuda.bindings.nvrtc": lambda m: _patch_nvrtc(tracker, m),
-                 "triton": lambda m: _patch_triton(tracker),
-                 "torch.utils.cpp_extension": lambda m: _patch_cpp_extension(tracker, m)}
-    for name in FORBIDDEN_MODULES:
-        callbacks[name] = lambda m, name=name: tracker.finding(f"imported {name} (another GPU language)")
+                 **(extra or {})}
     for name, callback in callbacks.items():
         if name in sys.modules:
             callback(sys.modules[name])
     sys.meta_path.insert(0, _Watcher(callbacks))
-    _patch_torch(tracker)
 
 
 def _wrap_compile(tracker: Tracker, dsl: str, fn: Callable, symbols_of: Callable) -> Callable:
@@ -282,71 +274,3 @@ def _patch_tvm(tracker: Tracker) -> None:
         return fn if fn is None else _TvmFunction(tracker, fn, _tvm_symbols(self))
 
     Module.get_function = get_function
-
-
-def _patch_nvrtc(tracker: Tracker, module) -> None:
-    original = getattr(module, "nvrtcCompileProgram", None)
-    if original is None:
-        return
-
-    def nvrtcCompileProgram(*args, **kwargs):
-        if not tracker.compiling:
-            tracker.finding("NVRTC compiled a program outside a DSL compile")
-        return original(*args, **kwargs)
-
-    module.nvrtcCompileProgram = nvrtcCompileProgram
-
-
-def _patch_triton(tracker: Tracker) -> None:
-    tracker.finding("imported triton")
-    try:
-        from triton.runtime.jit import JITFunction
-    except Exception:  # an unusual triton layout: the import finding stands on its own
-        return
-    original = JITFunction.run
-
-    def run(self, *args, **kwargs):
-        tracker.finding(f"launched the Triton kernel {getattr(self, '__name__', '?')}")
-        return original(self, *args, **kwargs)
-
-    JITFunction.run = run
-
-
-def _patch_cpp_extension(tracker: Tracker, module) -> None:
-    for name in ("load_inline", "load"):
-        original = getattr(module, name, None)
-        if original is None:
-            continue
-
-        def loader(*args, _original=original, _name=name, **kwargs):
-            tracker.finding(f"torch.utils.cpp_extension.{_name} built raw C++/CUDA")
-            return _original(*args, **kwargs)
-
-        setattr(module, name, loader)
-
-
-def _patch_torch(tracker: Tracker) -> None:
-    """torch.compile, TorchScript, CUDA graphs and jiterator: forbidden by the kernel contract."""
-
-    def forbid(owner, name: str, what: str) -> None:
-        original = getattr(owner, name, None)
-        if original is None:
-            return
-
-        def guarded(*args, **kwargs):
-            tracker.finding(f"used {what}")
-            return original(*args, **kwargs)
-
-        guarded.__wrapped__ = original
-        setattr(owner, name, guarded)
-
-    forbid(torch, "compile", "torch.compile")
-    forbid(torch.jit, "script", "torch.jit.script")
-    forbid(torch.jit, "trace", "torch.jit.trace")
-    graph_cls = getattr(torch.cuda, "CUDAGraph", None)
-    if graph_cls is not None:
-        forbid(graph_cls, "replay", "CUDA graphs")
-        forbid(graph_cls, "capture_begin", "CUDA graphs")
-    jiterator = getattr(torch.cuda, "jiterator", None)
-    if jiterator is not None:
-        forbid(jiterator, "_create_jit_fn", "torch.cuda.jiterator (NVRTC)")

@@ -1,0 +1,70 @@
+"""Valid: fused add + RMSNorm as a CuTe DSL kernel (one CTA per row, fp32 math, warp + shared-memory reduction).
+
+Problem: p28
+DSL: cutedsl
+Device: gpu
+Expected: passed
+"""
+import torch
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+THREADS, EPS = 128, 1e-5
+_compiled = {}
+
+
+class AddRMSNorm:
+    def __init__(self, n: int):
+        self.n = n
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mS: cute.Tensor,
+                 stream):
+        self.kernel(mX, mR, mW, mO, mS).launch(grid=[mX.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, mX: cute.Tensor, mR: cute.Tensor, mW: cute.Tensor, mO: cute.Tensor, mS: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        ss = Float32(0.0)
+        for j in cutlass.range(tidx, self.n, THREADS):
+            v = Float32(mX[row, j]) + Float32(mR[row, j])
+            mS[row, j] = v.to(mS.element_type)
+            ss = ss + v * v
+        for k in cutlass.range_constexpr(5):
+            ss = ss + cute.arch.shuffle_sync_bfly(ss, offset=1 << k)
+        red = cutlass.utils.SmemAllocator().allocate_tensor(Float32, cute.make_layout(THREADS // 32))
+        if tidx % 32 == 0:
+            red[tidx // 32] = ss
+        cute.arch.sync_threads()
+        total = Float32(0.0)
+        for w in cutlass.range_constexpr(THREADS // 32):
+            total = total + red[w]
+        inv = cute.math.rsqrt(total / self.n + EPS)
+        for j in cutlass.range(tidx, self.n, THREADS):
+            v = Float32(mX[row, j]) + Float32(mR[row, j])
+            mO[row, j] = (v * inv * Float32(mW[j])).to(mO.element_type)
+
+
+def _arch(device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def _kernel(n: int, arch: str):
+    if n not in _compiled:
+        m = cute.sym_int32()
+        mat = lambda: make_fake_compact_tensor(cutlass.BFloat16, (m, n), stride_order=(1, 0))  # noqa: E731
+        vec = make_fake_compact_tensor(cutlass.BFloat16, (n,))
+        _compiled[n] = cute.compile(AddRMSNorm(n), mat(), mat(), vec, mat(), mat(),
+                                    make_fake_stream(use_tvm_ffi_env_stream=True),
+                                    options=f"--gpu-arch {arch} --enable-tvm-ffi")
+    return _compiled[n]
+
+
+def solve(x, residual, weight):
+    out, s = torch.empty_like(x), torch.empty_like(x)
+    _kernel(x.shape[-1], _arch(x.device))(x.contiguous(), residual.contiguous(), weight.contiguous(), out, s)
+    return out, s

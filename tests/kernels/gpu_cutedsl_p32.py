@@ -1,0 +1,53 @@
+"""Valid: SwiGLU MLP with silu(gate) * up as a CuTe DSL kernel; the two linears stay in eager torch (cuBLAS).
+
+Problem: p32
+DSL: cutedsl
+Device: gpu
+Expected: passed
+"""
+import torch
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+THREADS = 256
+_compiled = {}
+
+
+@cute.kernel
+def silu_mul_kernel(mH: cute.Tensor, mA: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    inter = mA.shape[1]
+    i = bidx * THREADS + tidx
+    if i < mA.shape[0] * inter:
+        row = i // inter
+        col = i - row * inter
+        g = Float32(mH[row, col])
+        mA[row, col] = g / (Float32(1.0) + cute.math.exp(-g)) * Float32(mH[row, col + inter])
+
+
+@cute.jit
+def silu_mul(mH: cute.Tensor, mA: cute.Tensor, stream):
+    total = mA.shape[0] * mA.shape[1]
+    silu_mul_kernel(mH, mA).launch(grid=[(total + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
+                                   stream=stream)
+
+
+def _kernel(arch: str):
+    if arch not in _compiled:
+        rows, inter = cute.sym_int32(), cute.sym_int32()
+        h = make_fake_compact_tensor(cutlass.Float32, (rows, inter * 2), stride_order=(1, 0))
+        a = make_fake_compact_tensor(cutlass.Float32, (rows, inter), stride_order=(1, 0))
+        _compiled[arch] = cute.compile(silu_mul, h, a, make_fake_stream(use_tvm_ffi_env_stream=True),
+                                       options=f"--gpu-arch {arch} --enable-tvm-ffi")
+    return _compiled[arch]
+
+
+def solve(x, w_gate_up, b_gate_up, w_down, b_down):
+    major, minor = torch.cuda.get_device_capability(x.device)
+    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up).reshape(-1, w_gate_up.shape[0])
+    act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
+    _kernel(f"sm_{major}{minor}" + ("a" if major >= 9 else ""))(h, act)
+    return torch.nn.functional.linear(act, w_down, b_down).reshape(*x.shape[:-1], w_down.shape[0])

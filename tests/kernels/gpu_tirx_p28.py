@@ -1,0 +1,73 @@
+"""Valid: fused add + RMSNorm as a TIRx CUDA kernel (one CTA per row, 128-bit loads, fp32 math, CTA reduction).
+
+Problem: p28
+DSL: tirx
+Device: gpu
+Expected: passed
+"""
+import torch
+import tvm
+from tvm.script import tirx as Tx
+
+VEC, THREADS, EPS = 8, 128, 1e-5
+_compiled = {}
+
+
+def _make(N: int):
+    iters = (N + VEC * THREADS - 1) // (VEC * THREADS)
+
+    @Tx.prim_func
+    def add_rmsnorm(x: Tx.handle, r: Tx.handle, w: Tx.handle, o: Tx.handle, s: Tx.handle):
+        m = Tx.int32()
+        X = Tx.match_buffer(x, (m, N), "bfloat16", align=16)
+        R = Tx.match_buffer(r, (m, N), "bfloat16", align=16)
+        W = Tx.match_buffer(w, (N,), "bfloat16", align=16)
+        O = Tx.match_buffer(o, (m, N), "bfloat16", align=16)
+        S = Tx.match_buffer(s, (m, N), "bfloat16", align=16)
+        Tx.device_entry()
+        row = Tx.cta_id([m])
+        tx = Tx.thread_id([THREADS])
+        scratch = Tx.alloc_shared((THREADS // 32,), "float32")
+        vr = Tx.alloc_local((iters * VEC,), "float32")
+        xr = Tx.alloc_local((VEC,), "bfloat16")
+        rr = Tx.alloc_local((VEC,), "bfloat16")
+        wr = Tx.alloc_local((VEC,), "bfloat16")
+        yr = Tx.alloc_local((VEC,), "bfloat16")
+        acc = Tx.alloc_local((1,), "float32")
+        acc[0] = Tx.float32(0)
+        for it in Tx.unroll(iters):
+            col = Tx.meta_var((it * THREADS + tx) * VEC)
+            if col < N:
+                Tx.tile.copy(xr[:], X[row, col:col + VEC])
+                Tx.tile.copy(rr[:], R[row, col:col + VEC])
+                for v in Tx.unroll(VEC):
+                    vr[it * VEC + v] = Tx.Cast("float32", xr[v]) + Tx.Cast("float32", rr[v])
+                    yr[v] = Tx.Cast("bfloat16", vr[it * VEC + v])
+                    acc[0] = acc[0] + vr[it * VEC + v] * vr[it * VEC + v]
+                Tx.tile.copy(S[row, col:col + VEC], yr[:])
+        total: Tx.float32 = Tx.cuda.cta_sum(acc[0], THREADS // 32, scratch.data)
+        acc[0] = Tx.rsqrt(total / Tx.float32(N) + Tx.float32(EPS))
+        for it in Tx.unroll(iters):
+            col = Tx.meta_var((it * THREADS + tx) * VEC)
+            if col < N:
+                Tx.tile.copy(wr[:], W[col:col + VEC])
+                for v in Tx.unroll(VEC):
+                    yr[v] = Tx.Cast("bfloat16", vr[it * VEC + v] * acc[0] * Tx.Cast("float32", wr[v]))
+                Tx.tile.copy(O[row, col:col + VEC], yr[:])
+
+    return add_rmsnorm
+
+
+def _kernel(N: int, device: torch.device):
+    if N not in _compiled:
+        major, minor = torch.cuda.get_device_capability(device)
+        target = tvm.target.Target({"kind": "cuda", "arch": f"sm_{major}{minor}" + ("a" if major >= 9 else "")})
+        with target:
+            _compiled[N] = tvm.compile(tvm.IRModule({"main": _make(N)}), target=target, tir_pipeline="tirx")
+    return _compiled[N]
+
+
+def solve(x, residual, weight):
+    out, s = torch.empty_like(x), torch.empty_like(x)
+    _kernel(x.shape[-1], x.device)(x.contiguous(), residual.contiguous(), weight.contiguous(), out, s)
+    return out, s
