@@ -559,3 +559,48 @@ def test_a_killed_attempt_loses_at_most_the_message_in_flight(entry, llm_server,
         assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool"]
         assert messages[2]["content"] == "first" and "wrote" in messages[3]["content"]
         assert store.trials()[0]["state"] == "running"
+
+
+@pytest.mark.skipif(not has_judge(), reason="mkb replay wires mkb.judge.grade, which is not importable yet")
+def test_cli_replay_regrades_with_the_current_judge(store, llm_server, tmp_path):
+    from mkb.cli import main
+
+    recorded = _stored_attempt(store, llm_server, tmp_path, [
+        reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
+        reply(calls=[call("finish", {})]),
+    ])
+    store.close()
+    result = CliRunner().invoke(main, ["replay", recorded.trial_id, "--device", "cpu", "--db", str(store.path), "--json"])
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert rows == [{"n": 1, "kind": "final", "recorded_status": "passed", "recorded_speedup": 2.0,
+                     "replay_status": "incorrect", "replay_speedup": None, "same_kernel": True}]
+    assert f"replay of {recorded.attempt_id}" in result.stderr
+
+
+def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_path):
+    from conftest import TEST_IMAGE
+
+    from mkb.agent.docker_executor import DockerExecutor
+
+    llm_server.script([
+        reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL}),
+                     call("bash", {"command": "grep -c solve kernel.py; ls; echo $CUDA_VISIBLE_DEVICES."})]),
+        reply(calls=[call("submit", {}), call("write_file", {"path": "SKILL.md", "content": SKILL})]),
+        reply(calls=[call("finish", {})]),
+    ])
+    workspace = prepare_workspace(P28, Dsl.CUTEDSL, tmp_path / "ws", PROBLEMS)
+    executor = DockerExecutor(workspace, TEST_IMAGE, cpus=1, memory="512m", client=docker_engine)
+    judge, transcript = FakeJudge(), []
+    try:
+        config = parse_model_spec("openai/gpt-x", llm_server.base_url)
+        result = run_attempt(P28, Dsl.CUTEDSL, ChatModel(config), executor, Budget(), grade=judge,
+                             on_message=lambda seq, m: transcript.append(m), problems_dir=PROBLEMS)
+    finally:
+        executor.close()
+    assert result.isolation == f"docker:{TEST_IMAGE}" and result.status == Status.PASSED
+    assert judge.sources == [GOOD_KERNEL, GOOD_KERNEL] and result.skill_text == SKILL
+    bash = tool_results(transcript)[1]
+    assert bash.startswith("exit code 0\n1\n") and "CONTRACT.md" in bash and "\n.\n" in bash
+    assert (workspace / "kernel.py").read_text() == ""  # the container holds the only copy
+    assert "/workspace" in llm_server.requests[0]["messages"][0]["content"]

@@ -24,9 +24,11 @@ KNOWN_DIFFERENCES: dict[str, dict[str, str]] = {
         "network": "the fallback has no network namespace",
         "hidden_host": "the fallback sees the host's files and processes",
         "workdir": "the fallback runs in the workspace's host path, not /workspace",
+        "read_only_system": "the fallback can write wherever the user can",
     },
     "docker": {
         "toolchain": "the test image is a bare Debian base; the mkb image carries Python and the DSLs",
+        "read_only_system": "the container's own filesystem is writable (its copy-on-write layer, not the host's)",
     },
 }
 
@@ -218,3 +220,11 @@ def test_toolchain_runs_in_the_sandbox(backend):
     assert "TORCH 2." in result.output
     if name == "bwrap":  # the grader's code is not importable from inside
         assert "No module named 'mkb'" in result.output
+
+
+def test_system_directories_are_read_only_and_cannot_be_remounted(backend):
+    name, ex = backend
+    expect(name, "read_only_system")
+    out = ex.exec("touch /usr/mkb-probe 2>&1; mount -o remount,rw /usr 2>&1; touch /usr/mkb-probe 2>&1 || echo DENIED",
+                  timeout_s=30).output
+    assert "DENIED" in out and not Path("/usr/mkb-probe").exists()

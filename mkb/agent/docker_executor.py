@@ -14,9 +14,9 @@ from mkb.errors import ConfigError
 
 _DIR_BIT, _LINK_BIT = 1 << 31, 1 << 27  # Go's os.FileMode bits, as the engine reports them
 # Runs the command as its own process group (job control) and kills what is left of the group when it
-# exits, so background jobs end with their command, as under bubblewrap; fd 3 keeps the command's
-# stderr while the shell's own job notices go to /dev/null.
-_GROUP_WRAPPER = 'exec 3>&2 2>/dev/null; set -m; bash -c "$1" 2>&3 3>&- & pid=$!; wait $pid; rc=$?; kill -9 -$pid; exit $rc'
+# exits, so background jobs end with their command, as under bubblewrap. The command's stderr joins its
+# stdout on one pipe (Docker would reorder two streams); the shell's own job notices go to /dev/null.
+_GROUP_WRAPPER = 'exec 2>/dev/null; set -m; bash -c "$1" 2>&1 & pid=$!; wait $pid; rc=$?; kill -9 -$pid; exit $rc'
 
 
 class DockerExecutor:

@@ -206,8 +206,9 @@ class LocalExecutor:
             self._env = child_env(_sandbox_path(), home=str(self.tmp))
 
     def _bwrap_prefix(self, hide: tuple[Path, ...]) -> list[str]:
+        # --cap-drop ALL: run as root, bubblewrap would otherwise keep every capability (remount, mount, ...)
         args = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                "--new-session", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
+                "--new-session", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
         for top in SYSTEM_DIRS:
             p = Path(top)
             if p.is_symlink():
