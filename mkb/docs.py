@@ -165,10 +165,9 @@ def _entry(name: str, obj, alias: str = "") -> Entry:
 
 
 def _public_names(mod) -> list[str]:
-    names = getattr(mod, "__all__", None)
-    if names is None:
-        names = [n for n in dir(mod) if not n.startswith("_")]
-    return sorted({n for n in names if hasattr(mod, n)})
+    """__all__ plus every other non-underscore name: some helpers in use are missing from __all__."""
+    names = set(getattr(mod, "__all__", None) or ()) | {n for n in dir(mod) if not n.startswith("_")}
+    return sorted(n for n in names if hasattr(mod, n))
 
 
 def _is_own(obj, roots: tuple[str, ...]) -> bool:
