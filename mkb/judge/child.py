@@ -110,7 +110,10 @@ class Candidate:
         return None if tree is None else wire.decode(tree, lambda leaf: wire.open_leaf(leaf).to(self.device))
 
     def cmd_solve(self, msg: dict) -> dict:
-        inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
+        try:
+            inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
+        except Exception as exc:  # mapping the referee's tensors failed: the judge's problem, not the candidate's
+            return _error(exc, "infra_error")
         before = guards.snapshot(inputs)
         self.tracker.begin_solve(msg.get("mode", "normal"))
         try:
@@ -128,6 +131,12 @@ class Candidate:
         return reply
 
     def cmd_timing_setup(self, msg: dict) -> dict:
+        try:
+            return self._timing_setup(msg)
+        except Exception as exc:  # IPC handles that do not open are infrastructure trouble
+            return _error(exc, "infra_error")
+
+    def _timing_setup(self, msg: dict) -> dict:
         self.pool = [self._open(tree) for tree in msg["pool"]]
         self.slots = self._open(msg["slots"])
         self.events = {"a": wire.open_event(msg["event_a"])}

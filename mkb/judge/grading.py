@@ -9,6 +9,7 @@ JudgeRecord. Candidate failures are statuses, never exceptions.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import select
 import shutil
@@ -23,6 +24,7 @@ from mkb.judge import sandbox, static
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
 from mkb.settings import Settings, environment, load_settings
 
+log = logging.getLogger(__name__)
 STARTUP_S = 180.0
 """Time the judge processes get to start (import torch, initialise CUDA) before the timeout clock runs."""
 LOG_TAIL_CHARS = 8000
@@ -61,9 +63,22 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
                            details={"static": [f.__dict__ for f in findings]}, wall_s=now() - started, **base)
     timeout_s = float(timeout_s if timeout_s is not None else settings.judge_timeout_s)
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="mkb-judge-", dir=shm) as workdir:
-        run = _Run(problem, kernel, dsl, device, "none" if device == "cpu" else timing, scale, settings, workdir)
-        verdict, details, log_tail = run.supervise(timeout_s, now)
+    for isolate_network in (True, False):
+        with tempfile.TemporaryDirectory(prefix="mkb-judge-", dir=shm) as workdir:
+            run = _Run(problem, kernel, dsl, device, "none" if device == "cpu" else timing, scale, settings, workdir,
+                       isolate_network)
+            verdict, details, log_tail = run.supervise(timeout_s, now)
+        if not (verdict["status"] == Status.INFRA_ERROR and device == "cuda"
+                and details["isolation"]["network"].startswith(("unshare", "bwrap"))):
+            break
+        # CUDA inside a network namespace failed on this machine: grade again without it, and say so.
+        log.warning("CUDA failed inside the network namespace (%s); grading again WITHOUT network isolation",
+                    verdict.get("message", "")[:200])
+        first_failure = verdict.get("message", "")
+    else:
+        first_failure = None
+    if not isolate_network:
+        details["isolation"]["network"] = f"none: CUDA failed inside a network namespace ({first_failure[:300]})"
     details.update(static=[], timeout_s=timeout_s, scale=scale)
     return JudgeRecord(status=verdict["status"], message=verdict.get("message", ""), draws=verdict.get("draws", []),
                        kernel_ms=verdict.get("kernel_ms"), eager_ms=verdict.get("eager_ms"),
@@ -75,8 +90,9 @@ class _Run:
     """The processes of one grading and their pipes."""
 
     def __init__(self, problem, kernel: Path, dsl: Dsl, device: str, timing: str, scale: str,
-                 settings: Settings, workdir: str):
+                 settings: Settings, workdir: str, isolate_network: bool = True):
         self.settings, self.workdir, self.device = settings, workdir, device
+        self.isolate_network = isolate_network
         stage = Path(workdir, "kernel")
         stage.mkdir()
         shutil.copyfile(kernel, stage / "kernel.py")
@@ -118,7 +134,8 @@ class _Run:
         candidate = name == "candidate"
         limits = sandbox.Limits(memory_mb=s.judge_memory_mb, watch_rss=self.device == "cuda",
                                 cpu_s=int(s.judge_timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
-                                file_bytes=(1 << 30) if candidate else None, isolate_network=candidate)
+                                file_bytes=(1 << 30) if candidate else None,
+                                isolate_network=candidate and self.isolate_network)
         env = _child_env(candidate, self.workdir)
         output_limit = s.judge_output_limit_bytes if candidate else 64 << 20
         self.children[name] = sandbox.start(name, [*argv, str(spec_path)], env=env, cwd=cwd, limits=limits,

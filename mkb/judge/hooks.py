@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import torch
 
+PTX_ENTRY_RE = re.compile(r"\.entry\s+(\w+)\s*\(")
 KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 
 
@@ -230,10 +231,12 @@ def _tvm_symbols(module) -> list[str]:
             continue
         seen.add(id(mod))
         if getattr(mod, "kind", "") in ("cuda", "ptx", "cubin"):
-            try:
-                found += KERNEL_RE.findall(mod.inspect_source())
-            except Exception:  # a binary-only module carries no source; its symbols stay unknown
-                pass
+            for fmt in ("", "cu", "ptx"):
+                try:
+                    source = mod.inspect_source(fmt) if fmt else mod.inspect_source()
+                except Exception:  # a binary-only module carries no source in this format
+                    continue
+                found += KERNEL_RE.findall(source) + PTX_ENTRY_RE.findall(source)
         stack.extend(getattr(mod, "imports", ()) or ())
     return found
 
@@ -261,7 +264,6 @@ def _patch_tvm(tracker: Tracker) -> None:
 
     def load_module(*args, **kwargs):
         module = original_load(*args, **kwargs)
-        tracker.finding(f"loaded a prebuilt TVM module {args[0] if args else ''}")
         tracker.built["tirx"].update(_tvm_symbols(module))
         return module
 

@@ -48,15 +48,20 @@ def other(dsl: Dsl) -> Dsl:
 
 def origin(name: str, built: dict[str, list[str]]) -> str:
     """cutedsl / tirx when a DSL runtime built the symbol in this evaluation; else torch or other."""
-    bare = name.split("(")[0].strip()
     for dsl in (Dsl.CUTEDSL, Dsl.TIRX):
-        if bare in built.get(str(dsl), ()) or name in built.get(str(dsl), ()):
+        if any(_same_symbol(name, symbol) for symbol in built.get(str(dsl), ())):
             return str(dsl)
     if name.startswith("triton_"):
         return "triton"
     if any(marker in name for marker in TORCH_KERNEL_MARKERS):
         return "torch"
     return "other"
+
+
+def _same_symbol(name: str, symbol: str) -> bool:
+    """A profiler kernel name against a symbol the DSL built (demangled names carry a signature)."""
+    bare = name.split("(")[0].strip().removeprefix("void ").strip()
+    return bool(symbol) and (bare == symbol or name == symbol or (len(symbol) >= 16 and symbol in name))
 
 
 def launched_kernels(profile: dict | None, built: dict[str, list[str]], calls: int) -> list[LaunchedKernel]:

@@ -108,7 +108,8 @@ class Referee:
             return self.verdict(Status.CRASHED, f"the candidate process died during {self.phase} ({exc})",
                                 candidate_died=self.phase)
         except timing.TimingError as exc:
-            status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED}.get(exc.kind, Status.RUNTIME_ERROR)
+            status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED,
+                      "infra_error": Status.INFRA_ERROR}.get(exc.kind, Status.RUNTIME_ERROR)
             return self.verdict(status, f"during timing: {exc}")
 
     def _run(self) -> dict:
@@ -164,6 +165,9 @@ class Referee:
         return first
 
     def judge_reply(self, reply: dict, ref: Any, slot_tree: dict, slots: Any, d: int) -> Any:
+        if not reply.get("ok") and reply.get("kind") == "infra_error":
+            raise Failure(Status.INFRA_ERROR, f"sharing inputs with the candidate failed: {reply.get('error')}",
+                          traceback=reply.get("traceback", ""))
         if not reply.get("ok"):
             raise Failure(Status.RUNTIME_ERROR, f"draw {d + 1}: solve() raised {reply.get('error')}",
                           traceback=reply.get("traceback", ""))

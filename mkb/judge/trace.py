@@ -50,7 +50,7 @@ def summarize(events: list[dict]) -> dict:
         if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
         launched = launches.get(e.get("args", {}).get("correlation"))
-        owner = _owner(ranges, launched)
+        owner = _owner(ranges, launched) if launched is not None else _latest(ranges, e["ts"])
         if owner is None:
             continue
         kernels.append({"name": e.get("name", "?"), "stream": e.get("args", {}).get("stream"),
@@ -65,6 +65,12 @@ def _owner(ranges: list[tuple], ts: float | None) -> tuple | None:
         if start <= ts <= end:
             return (start, name)
     return None
+
+
+def _latest(ranges: list[tuple], ts: float) -> tuple | None:
+    """The last range that began before ts (for a kernel whose launch record is missing)."""
+    started = [(start, name) for start, _, name in ranges if start <= ts]
+    return started[-1] if started else None
 
 
 def _per_call(kernels: list[dict]) -> dict:
