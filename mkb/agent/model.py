@@ -237,8 +237,8 @@ def _completion(response: Any, retries: int, waited_s: float, latency_s: float) 
     raw = choice.message.model_dump(exclude_none=True)
     message: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
     calls = [{"id": c.get("id") or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-              "function": {"name": c["function"].get("name") or "", "arguments": c["function"].get("arguments") or ""}}
-             for c in raw.get("tool_calls") or []]
+              "function": {"name": c["function"].get("name") or "", "arguments": _as_text(c["function"].get("arguments"))}}
+             for c in raw.get("tool_calls") or [] if c.get("function")]
     if calls:
         message["tool_calls"] = calls
     usage = response.usage.model_dump(exclude_none=True) if response.usage else {}
@@ -251,6 +251,11 @@ def _completion(response: Any, retries: int, waited_s: float, latency_s: float) 
     if reasoning:
         extra["reasoning"] = reasoning
     return Completion(message, {k: v for k, v in extra.items() if v is not None}, waited_s)
+
+
+def _as_text(arguments: Any) -> str:
+    """Tool-call arguments as the JSON string the API expects back (some servers send an object)."""
+    return arguments if isinstance(arguments, str) else json.dumps(arguments) if arguments is not None else ""
 
 
 class ScriptedModel:
@@ -268,8 +273,9 @@ class ScriptedModel:
             return Completion({"role": "assistant", "content": None, "tool_calls": [tool_call("finish", {})]},
                               {"scripted": True})
         reply = self._replies.pop(0)
-        message = {k: v for k, v in reply.items() if k in ("role", "content", "tool_calls")}
-        return Completion({"role": "assistant", **message}, {"scripted": True})
+        calls = [{**c, "id": c.get("id") or f"call_{uuid.uuid4().hex[:12]}"} for c in reply.get("tool_calls") or []]
+        return Completion({"role": "assistant", "content": reply.get("content"), "tool_calls": calls},
+                          {"scripted": True})
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:

@@ -135,7 +135,7 @@ class Toolbox:
                               "kernel.py if you like: it is graded once more when the attempt ends.",
                               {"error": "no_submissions_left"})
         submission = self.grade_kernel("feedback")
-        return ToolResult(summarize(submission, self.submissions_left), {"submission": submission.n})
+        return ToolResult(summarize(submission), {"submission": submission.n})
 
     def _finish(self, summary: str = "") -> ToolResult:
         self.finished = True
@@ -203,7 +203,7 @@ def _shape(schema: dict[str, Any]) -> str:
     return "fields " + ", ".join(fields) if fields else "no fields: {}"
 
 
-def summarize(submission: Submission, submissions_left: int) -> str:
+def summarize(submission: Submission) -> str:
     """What the model sees of a grading: status, message, timings, a short log tail on failures."""
     r = submission.record
     lines = [f"submission {submission.n} ({submission.kind}): {r.status}"]
@@ -216,5 +216,4 @@ def summarize(submission: Submission, submissions_left: int) -> str:
         lines.append("the grading infrastructure failed: this submission is not counted against your budget")
     elif r.status != Status.PASSED and r.log_tail.strip():
         lines.append(f"log tail:\n{r.log_tail.strip()[-1500:]}")
-    lines.append(f"submissions left: {submissions_left}")
     return "\n".join(lines)

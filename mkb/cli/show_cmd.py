@@ -43,7 +43,7 @@ def _print_call(call: dict, limit: int) -> None:
         content = str(args.get("content", ""))
         console.print(f"  [bold]→ write_file[/] {escape(str(args.get('path')))} ({len(content.encode())} bytes)")
         lexer = "python" if str(args.get("path", "")).endswith(".py") else "markdown"
-        console.print(Syntax(_clip(content, limit), lexer, line_numbers=False, word_wrap=True))
+        console.print(Syntax(_clip(content, limit), lexer, word_wrap=True, background_color="default"))
     else:
         shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
         console.print(f"  [bold]→ {escape(name)}[/]({escape(shown[:500])})")
