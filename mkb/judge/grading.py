@@ -83,7 +83,7 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
     return JudgeRecord(status=verdict["status"], message=verdict.get("message", ""), draws=verdict.get("draws", []),
                        kernel_ms=verdict.get("kernel_ms"), eager_ms=verdict.get("eager_ms"),
                        speedup=verdict.get("speedup"), dsl_check=verdict.get("dsl_check", "not_checked"),
-                       details=details, log_tail=log_tail[-LOG_TAIL_CHARS:], wall_s=now() - started, **base)
+                       details=details, log_tail=log_tail, wall_s=now() - started, **base)
 
 
 class _Run:
@@ -192,8 +192,9 @@ class _Run:
 
     def _verdict(self, outcome: str, timeout_s: float) -> tuple[dict, dict, str]:
         referee, candidate = self.children["referee"], self.children["candidate"]
-        log_tail = candidate.stderr.text()
-        details = {"isolation": candidate.isolation, "processes": {n: c.describe_exit() for n, c in self.children.items()}}
+        log_tail = candidate.stderr.text(max_bytes=LOG_TAIL_CHARS)
+        details = {"isolation": candidate.isolation, "processes": {n: c.describe_exit() for n, c in self.children.items()},
+                   "candidate_output_bytes": candidate.stderr.total + candidate.stdout.total}
         verdict = _last_json(referee.stdout.text())
         reported = _last_json(candidate.stdout.text())
         if outcome == "timeout":

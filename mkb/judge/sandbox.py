@@ -79,9 +79,10 @@ class Tail:
                 self.size -= len(self.chunks.popleft())
         stream.close()
 
-    def text(self, wait_s: float = 2.0) -> str:
+    def text(self, wait_s: float = 2.0, max_bytes: int | None = None) -> str:
+        """The kept tail (at most max_bytes of it), marked when earlier output was discarded."""
         self.thread.join(wait_s)
-        data = b"".join(self.chunks)[-self.limit:]
+        data = b"".join(self.chunks)[-min(self.limit, max_bytes or self.limit):]
         dropped = self.total - len(data)
         prefix = f"[... {dropped} earlier bytes discarded ...]\n" if dropped > 0 else ""
         return prefix + data.decode("utf-8", "replace")
