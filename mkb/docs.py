@@ -159,7 +159,7 @@ def _entry(name: str, obj, alias: str = "") -> Entry:
         obj = obj.fget
     else:
         sig = signature_of(obj, short)
-    defined = getattr(obj, "__module__", "") or ""
+    defined = getattr(obj.func if isinstance(obj, functools.partial) else obj, "__module__", "") or ""
     return Entry(name, kind, sig, first_paragraph(_doc(obj)) if kind != "value" else "",
                  defined if isinstance(defined, str) else "", alias, extra)
 
@@ -194,8 +194,9 @@ def _members(cls) -> list[tuple[str, object]]:
 class _Collector:
     """Walks modules and namespaces in order; each object is documented once, later sightings are aliases."""
 
-    def __init__(self, roots: tuple[str, ...]):
+    def __init__(self, roots: tuple[str, ...], paged: tuple[str, ...] = ()):
         self.roots = roots
+        self.paged = set(paged)  # namespaces with a page of their own are not expanded elsewhere
         self.seen: dict[int, str] = {}
 
     def page(self, title: str, ns, alias_prefix: str = "") -> Page:
@@ -205,8 +206,13 @@ class _Collector:
             if inspect.ismodule(obj) or not _is_own(obj, self.roots):
                 continue
             qual, alias = f"{title}.{name}", f"{alias_prefix}.{name}" if alias_prefix else ""
-            if _is_namespace(obj) and not inspect.isclass(obj):
+            if _is_namespace(obj) and not inspect.isclass(obj):  # e.g. T.cuda.wgmma: document its members here
                 page.entries.append(_entry(qual, obj, alias))
+                if qual in self.paged:
+                    continue
+                inner = self.page(qual, obj, alias)
+                page.entries += inner.entries
+                page.aliases += inner.aliases
                 continue
             key = id(obj)
             if (inspect.isclass(obj) or inspect.isroutine(obj)) and key in self.seen:
@@ -272,7 +278,7 @@ def tirx_pages() -> tuple[list[Page], list[tuple[str, str]]]:
     """Pages for T (tvm.script.tirx) and its cuda/ptx/tile namespaces, tvm.tirx, tile dispatch and tvm."""
     from mkb import docs_tirx
 
-    collector, pages, skipped = _Collector(("tvm", "tvm_ffi")), [], []
+    collector, pages, skipped = _Collector(("tvm", "tvm_ffi"), TIRX_MODULES), [], []
     special = {"tvm.script.tirx.ptx": docs_tirx.ptx_page, "tvm.tirx.tile_dispatch": docs_tirx.dispatch_page,
                "tvm": lambda: docs_tirx.names_page("tvm", TVM_TOP),
                "tvm.script.tirx.tile": lambda: docs_tirx.tile_page(collector)}
