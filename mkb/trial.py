@@ -18,6 +18,7 @@ from mkb.agent import (AttemptResult, Budget, Gpu, LocalExecutor, ModelConfig, S
                        docs_sha256, prepare_workspace, run_attempt, templates_sha256)
 from mkb.agent.executor import Executor
 from mkb.agent.model import Model
+from mkb.agent.prompts import toolchain_versions
 from mkb.agent.tools import Grade
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, resolve
@@ -54,9 +55,10 @@ def make_executor(sandbox: str, workspace: Path, settings: Settings, image: str)
 
 def fingerprint_parts(problem: ProblemInfo, dsl: Dsl, settings: Settings, budget: Budget,
                       skill_sha256: str | None) -> dict[str, Any]:
-    """What the attempt's result depends on besides the model (DESIGN §7), as the protocol hashes it."""
+    """What the attempt's result depends on besides the model (DESIGN §7): the same parts, hashed the same
+    way, as mkb.protocol's plan, so run-model can reuse a trial recorded by `mkb attempt`."""
     return {"problem": problem.fingerprint, "templates": templates_sha256(settings.problems_dir / "templates"),
-            "docs": docs_sha256(settings.problems_dir, dsl), "toolchain": environment.versions(),
+            "docs": docs_sha256(settings.problems_dir, dsl), "toolchain": toolchain_versions(),
             "source_skill": skill_sha256, "budget": budget.model_dump(mode="json")}
 
 
@@ -96,7 +98,7 @@ def run_trial(store: Store, settings: Settings, problem: ProblemInfo, dsl: Dsl, 
                         sandbox=executor.isolation, budget=budget.model_dump(mode="json"))
     store.upsert_trial(config.spec, tid, run_id=run_id, attempt_id=attempt_id, problem_id=problem.id, replicate=1,
                        arm=str(arm), dsl=str(dsl), state="running", fingerprint=_sha256(parts),
-                       skill_sha256=skill_sha, started_at=now())
+                       fingerprint_parts=parts, skill_sha256=skill_sha, started_at=now())
     result = None
     try:
         result = run_attempt(problem, dsl, model, executor, budget, grade=grade,

@@ -113,7 +113,8 @@ def tool_results(transcript: list[dict]) -> list[str]:
 
 def test_full_attempt_writes_submits_writes_skill_and_finishes(run, llm_server):
     result, transcript, sleeps, judge = run([
-        reply("Let me look.", calls=[call("bash", {"command": "ls; head -c 60 problem.py"})]),
+        reply("Let me look.", calls=[call("bash", {"command": "ls; head -c 60 problem.py"})],
+              reasoning_content="hidden chain of thought"),
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
         reply(calls=[call("submit", {})]),
         reply(calls=[call("write_file", {"path": "SKILL.md", "content": SKILL})]),
@@ -136,6 +137,8 @@ def test_full_attempt_writes_submits_writes_skill_and_finishes(run, llm_server):
     assert "submissions left: 9" in results[2]
     assert all("[clock:" in r and "left" in r for r in results)
     assert transcript[2]["extra"]["prompt_tokens"] == 100 and "elapsed_s" in transcript[2]["extra"]
+    assert transcript[2]["extra"]["reasoning"] == "hidden chain of thought"
+    assert "hidden chain" not in json.dumps(llm_server.requests[1]["messages"])  # stored, never sent back
 
     requests = llm_server.requests
     assert len(requests) == 5
@@ -427,6 +430,9 @@ def test_a_trial_is_stored_with_run_attempt_messages_submissions_and_skill(store
     assert store.skill("openai/gpt-x", "p28_r1_solo_cutedsl")["text"] == SKILL
     run = store.rows("SELECT * FROM runs")[0]
     assert run["provider"] == "openai" and run["api_key_env"] is None and run["state"] == "finished"
+    from mkb.protocol.plan import FingerprintParts, fingerprint  # run-model can reuse this trial
+
+    assert trial["fingerprint"] == fingerprint(FingerprintParts(**json.loads(trial["fingerprint_parts"])))
 
 
 def test_show_prints_a_transcript(store, llm_server, tmp_path):

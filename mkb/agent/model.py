@@ -274,8 +274,8 @@ class ScriptedModel:
                               {"scripted": True})
         reply = self._replies.pop(0)
         calls = [{**c, "id": c.get("id") or f"call_{uuid.uuid4().hex[:12]}"} for c in reply.get("tool_calls") or []]
-        return Completion({"role": "assistant", "content": reply.get("content"), "tool_calls": calls},
-                          {"scripted": True})
+        message = {"role": "assistant", "content": reply.get("content")} | ({"tool_calls": calls} if calls else {})
+        return Completion(message, {"scripted": True})
 
 
 def tool_call(name: str, arguments: dict[str, Any] | str) -> dict[str, Any]:
