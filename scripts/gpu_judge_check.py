@@ -48,17 +48,20 @@ def facts(path: Path) -> dict:
 
 
 def plan(only: list[str]) -> list[dict]:
-    """(fixture, problem, dsl, expected, scale, timing) for every grading to run."""
+    """Every grading to run, most informative first: valid kernels, GPU hacks, CPU hacks, flushed mode."""
     runs = []
-    for path in sorted(KERNELS.glob("gpu_*.py")):
-        f = facts(path)
-        runs.append({"fixture": path.stem, **f, "scale": "full", "timing": "paper"})
-        if path.stem in VALID:
-            runs.append({"fixture": path.stem, **f, "scale": "full", "timing": "flushed"})
+    gpu = {path.stem: facts(path) for path in sorted(KERNELS.glob("gpu_*.py"))}
+    for name in VALID:
+        runs.append({"fixture": name, **gpu[name], "scale": "full", "timing": "paper"})
+    for name, f in gpu.items():
+        if name not in VALID:
+            runs.append({"fixture": name, **f, "scale": "smoke", "timing": "paper"})
     for name, expected in ON_GPU.items():
         f = facts(KERNELS / f"{name}.py")
         dsl = "tirx" if f["dsl"] == "tirx" else "cutedsl"
         runs.append({"fixture": name, **f, "dsl": dsl, "expected": expected, "scale": "smoke", "timing": "paper"})
+    for name in VALID:
+        runs.append({"fixture": name, **gpu[name], "scale": "full", "timing": "flushed"})
     return [r for r in runs if not only or r["fixture"] in only]
 
 

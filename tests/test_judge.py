@@ -178,3 +178,25 @@ def test_bench_judge_needs_a_gpu():
     result = CliRunner().invoke(main, ["bench", "judge"])
     assert result.exit_code == 1
     assert "GPU" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_trace_summary_flags_unjoined_side_stream_work():
+    from mkb.judge import trace
+
+    def span(name, ts, dur):
+        return {"cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
+
+    def launch(corr, ts):
+        return {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts, "dur": 1, "args": {"correlation": corr}}
+
+    def kernel(name, corr, stream, ts, dur):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"correlation": corr, "stream": stream}}
+
+    events = [span("mkb_solve", 0, 10), launch(1, 1), launch(2, 2), span("mkb_marker", 11, 2), launch(3, 11.5),
+              kernel("main_kernel", 1, 7, 3, 5), kernel("side_gemm", 2, 9, 4, 100), kernel("fill", 3, 7, 12, 1)]
+    summary = trace.summarize(events)
+    assert summary["escaped"] == ["side_gemm"]
+    assert {k["name"] for k in summary["kernels"]} == {"main_kernel", "side_gemm"}
+    assert summary["calls"][0]["kernels"] == 2
+    joined = [e for e in events if e.get("name") != "side_gemm"]
+    assert trace.summarize(joined)["escaped"] == []

@@ -144,6 +144,7 @@ class Candidate:
             self.events[name] = _Event(interprocess=True)
             self.events[name].record()
         self.sync()
+        self.channel.spin = True
         return {"ok": True, "event_b": wire.event_handle(self.events["b"]),
                 "event_b2": wire.event_handle(self.events["b2"])}
 
@@ -167,12 +168,14 @@ class Candidate:
         self.channel.send({"ok": True, "launched": msg["k"]})
         _sync()
         self.events["b2"].record(stream)
+        self.channel.send({"ok": True, "synced": msg["k"]})
         copied = msg.get("null") or guards.copy_into(self.slots, out)
         _sync()
         self.channel.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(end)),
                            "copied": bool(copied)})
 
     def cmd_profile(self, msg: dict) -> dict:
+        self.channel.spin = False
         inputs = self.pool[msg["set"]]
         try:
             return {"ok": True, **trace.profile_calls(lambda: self.solve(*inputs), msg["calls"],

@@ -56,6 +56,8 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
         floor = timing.in_process_null_ms()
         clocks_before = timing.clocks()
         eager_runs = timing.run_calls(e_bracket, pool, flush=flush)
+        eager.spin = False
+        eager.send({"cmd": "finish"})
     except (wire.WireError, timing.TimingError) as exc:
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     c_slot_tree, c_slots = referee.transport.slots(like, "tc")
@@ -69,6 +71,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
 
     kernel_runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     clocks_after = timing.clocks()
+    referee.c.spin = False
     _recheck(referee, snapshots)
     kernel, eager_fig = timing.summarize(kernel_runs, null, floor), timing.summarize(eager_runs, null, floor)
     profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED})

@@ -7,7 +7,8 @@ stream, then tells the candidate to go. The candidate's stream waits on A, runs 
 the interprocess event B and says "launched"; the referee's stream waits on B and records T1.
 T1 - T0 is the call's time on the GPU's own clock, which a monkeypatched timer cannot touch.
 The candidate then synchronises its device and records B2; the referee's T2 after B2 measures
-the tail: work that was still running after B (unjoined side streams) shows up there.
+the tail: work that was still running after B (unjoined side streams) shows up there. Both
+sides busy-poll their pipes while timing, so a message costs microseconds, not a scheduler wake-up.
 
 The bracket adds the pipe round trip to every call. The same bracket around a call that does
 nothing, measured in the trusted eager process, calibrates it away; what remains is adjusted to
@@ -92,6 +93,7 @@ class Bracket:
         reply = _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots,
                                    "event_a": wire.event_handle(self.a)})
         self.b, self.b2 = wire.open_event(reply["event_b"]), wire.open_event(reply["event_b2"])
+        channel.spin = True
         self.t = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
 
     def call(self, k: int, set_index: int, null: bool = False, flush: torch.Tensor | None = None) -> dict:
@@ -106,9 +108,10 @@ class Bracket:
         _expect(self.channel.recv(), "launched")
         self.stream.wait_event(self.b)
         self.t[1].record(self.stream)
-        done = _expect(self.channel.recv(), "done")
+        _expect(self.channel.recv(), "synced")
         self.stream.wait_event(self.b2)
         self.t[2].record(self.stream)
+        done = _expect(self.channel.recv(), "done")
         self.t[2].synchronize()
         return {"ms": self.t[0].elapsed_time(self.t[1]), "tail_ms": self.t[1].elapsed_time(self.t[2]),
                 "self_ms": done.get("self_ms"), "copied": bool(done.get("copied"))}

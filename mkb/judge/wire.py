@@ -34,6 +34,17 @@ class Channel:
 
     def __init__(self, read_fd: int, write_fd: int):
         self.read_fd, self.write_fd = read_fd, write_fd
+        self._spin = False
+
+    @property
+    def spin(self) -> bool:
+        """Busy-poll for replies: a blocked read wakes ~10 us late, which would sit inside timed brackets."""
+        return self._spin
+
+    @spin.setter
+    def spin(self, value: bool) -> None:
+        self._spin = bool(value)
+        os.set_blocking(self.read_fd, not value)
 
     def send(self, message: dict) -> None:
         data = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
@@ -59,6 +70,8 @@ class Channel:
         while got < n:
             try:
                 chunk = os.read(self.read_fd, min(n - got, 1 << 20))
+            except BlockingIOError:
+                continue
             except OSError as exc:
                 raise WireError(f"read failed: {exc}") from None
             if not chunk:
