@@ -435,6 +435,20 @@ def test_a_trial_is_stored_with_run_attempt_messages_submissions_and_skill(store
     assert trial["fingerprint"] == fingerprint(FingerprintParts(**json.loads(trial["fingerprint_parts"])))
 
 
+def test_a_skill_attempt_is_stored_as_the_skill_arm(store, llm_server, tmp_path):
+    from mkb.settings import load_settings
+    from mkb.trial import run_trial
+
+    llm_server.script([reply(calls=[call("finish", {})])])
+    config = parse_model_spec("openai/gpt-x", llm_server.base_url)
+    recorded = run_trial(store, load_settings(home=tmp_path / "home"), P28, Dsl.TIRX, config, ChatModel(config),
+                         grade=FakeJudge(), skill_text=SKILL)
+    trial = store.trials()[0]
+    assert recorded.trial_id == trial["trial_id"] == "p28_r1_cutedsl2tirx_skill"
+    assert trial["skill_sha256"] and json.loads(trial["fingerprint_parts"])["source_skill"] == trial["skill_sha256"]
+    assert SKILL.strip() in store.messages(recorded.attempt_id)[1]["content"]
+
+
 def test_show_prints_a_transcript(store, llm_server, tmp_path):
     from mkb.cli import main
 

@@ -110,6 +110,8 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     grade = _judge(device, settings)(info, Dsl(dsl))
     budget = Budget(wall_s=budget_min * 60, n_submissions=submissions, max_turns=max_turns, max_tokens=max_tokens)
     skill_text = Path(skill).read_text(encoding="utf-8") if skill else None
+    if skill_text is not None and not skill_text.strip():
+        raise MkbError(f"--skill {skill} is empty: a skill arm needs a skill to transfer. Drop --skill for a solo attempt.")
     with Store(settings.db_path) as store:
         console.print(f"{info.id} {dsl} with {config.spec}: sandbox {sandbox}, judge on {device}, db {settings.db_path}")
         recorded = run_trial(store, settings, info, Dsl(dsl), config, model, grade=grade, budget=budget,
