@@ -43,8 +43,11 @@ def resolve_device(device: str) -> str:
 
 def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, device: str = "auto",
           timing: str = "paper", timeout_s: float | None = None, settings: Settings | None = None,
-          scale: str = "full", now: Callable[[], float] = time.monotonic) -> JudgeRecord:
+          scale: str = "full", visible_devices: str | None = None,
+          now: Callable[[], float] = time.monotonic) -> JudgeRecord:
     """Grade kernel_path against one problem variant (DESIGN §5).
+
+    visible_devices pins the judge's processes to GPUs (CUDA_VISIBLE_DEVICES, e.g. "3").
 
     Raises:
         MkbError: the kernel file does not exist or an option is invalid (user errors only).
@@ -66,7 +69,7 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
     for isolate_network in (True, False):
         with tempfile.TemporaryDirectory(prefix="mkb-judge-", dir=shm) as workdir:
             run = _Run(problem, kernel, dsl, device, "none" if device == "cpu" else timing, scale, settings, workdir,
-                       isolate_network)
+                       isolate_network, visible_devices)
             verdict, details, log_tail = run.supervise(timeout_s, now)
         if not (verdict["status"] == Status.INFRA_ERROR and device == "cuda"
                 and details["isolation"]["network"].startswith(("unshare", "bwrap"))):
@@ -90,9 +93,9 @@ class _Run:
     """The processes of one grading and their pipes."""
 
     def __init__(self, problem, kernel: Path, dsl: Dsl, device: str, timing: str, scale: str,
-                 settings: Settings, workdir: str, isolate_network: bool = True):
+                 settings: Settings, workdir: str, isolate_network: bool = True, visible_devices: str | None = None):
         self.settings, self.workdir, self.device = settings, workdir, device
-        self.isolate_network = isolate_network
+        self.isolate_network, self.visible_devices = isolate_network, visible_devices
         stage = Path(workdir, "kernel")
         stage.mkdir()
         shutil.copyfile(kernel, stage / "kernel.py")
@@ -137,6 +140,8 @@ class _Run:
                                 file_bytes=(1 << 30) if candidate else None,
                                 isolate_network=candidate and self.isolate_network)
         env = _child_env(candidate, self.workdir)
+        if self.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
         output_limit = s.judge_output_limit_bytes if candidate else 64 << 20
         self.children[name] = sandbox.start(name, [*argv, str(spec_path)], env=env, cwd=cwd, limits=limits,
                                             pass_fds=fds, output_limit=output_limit)
