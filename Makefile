@@ -6,11 +6,12 @@ PY     := $(VENV)/bin/python
 MKB    := $(VENV)/bin/mkb
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-gpu reproduce image image-test clean help
+.PHONY: install test test-gpu test-ray reproduce image image-test clean help
 
 help:
 	@echo "make reproduce   validate the problems, run what this machine can, write tables (main job)"
 	@echo "make test        run the CPU test suite (GPU tests skip without a GPU)"
+	@echo "make test-ray    install the optional ray extra and run the Ray executor tests (local Ray, CPU)"
 	@echo "make install     create $(VENV) and install mkb with its pinned dependencies"
 	@echo "make image       build the production Docker image (mkb:latest)"
 	@echo "make image-test  build the image on a local base and run doctor + CPU tests inside (CI)"
@@ -34,6 +35,11 @@ test: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
+
+# Ray is an optional extra (pinned in pyproject.toml), not in requirements.lock: CI runs these on demand.
+test-ray: $(STAMP)
+	$(PY) -m pip install -q --no-build-isolation -e '.[ray]'
+	$(PY) -m pytest -q -m ray tests/test_ray.py
 
 reproduce: $(STAMP)
 	$(MKB) reproduce $(if $(MODEL),--model $(MODEL))

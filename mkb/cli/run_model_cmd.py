@@ -69,9 +69,14 @@ class _Live:
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions per attempt.")
 @click.option("--sandbox", type=click.Choice(["local", "docker"]), default="local", show_default=True)
 @click.option("--image", default="mkb:latest", show_default=True, help="Image for --sandbox docker.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Run on this host, or attempts as Ray tasks and judges as one-GPU Ray actors (docs/ray.md).")
+@click.option("--ray-address", help="Ray cluster for --executor ray (auto, HOST:6379, ray://HOST:10001); "
+                                    "default: start a local Ray instance.")
 @click.pass_context
 def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device,
-                  rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, sandbox, image):
+                  rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, sandbox, image, executor,
+                  ray_address):
     """Run the protocol for MODEL (provider/model, a plain name with --base-url, or `reference`).
 
     Trials are p<NN>_r<k>_<arm>; finished ones are reused, errored ones rerun, stale ones block
@@ -82,6 +87,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     \b
         mkb run-model reference --problems 'p0[1-9]*' --dry-run
         mkb run-model openrouter/qwen/qwen3-coder --replicates 2 --concurrency 8
+        mkb run-model reference --executor ray --ray-address auto --concurrency 64
     """
     from mkb import environment, protocol
     from mkb.agent.budget import Budget
@@ -90,9 +96,10 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     from mkb.store import Store
 
     settings = settings_from(ctx)
-    if device == "auto":
+    on_ray = executor == "ray"  # then the cluster's GPUs count, not this host's
+    if device == "auto" and not on_ray:
         device = "cuda" if environment.gpus() else "cpu"
-    if device == "cuda" and not environment.gpus():
+    if device == "cuda" and not on_ray and not environment.gpus():
         raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu (the judge's CPU mode).")
     slots = ["cpu"] if device == "cpu" else (gpus.split(",") if gpus else [str(g["index"]) for g in environment.gpus()])
     request = protocol.RunRequest(
@@ -118,9 +125,15 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
         view = _Live(len(items))
         started = time.monotonic()
         with view:
-            progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
-                                          protocol.executor_factory(sandbox, image), on_event=view.event,
-                                          on_pool=lambda p: setattr(view, "pool", p))
+            if on_ray:
+                from mkb.protocol.ray_executor import RayOptions, run_model_ray
+
+                progress = run_model_ray(settings, store, request, items, RayOptions(address=ray_address), device,
+                                         on_event=view.event, on_pool=lambda p: setattr(view, "pool", p))
+            else:
+                progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
+                                              protocol.executor_factory(sandbox, image), on_event=view.event,
+                                              on_pool=lambda p: setattr(view, "pool", p))
         wall = time.monotonic() - started
         rows = store.rows("SELECT state, status, count(*) AS n FROM trials WHERE model = ? "
                           "GROUP BY ALL ORDER BY ALL", [model])

@@ -157,23 +157,24 @@ class JudgeWorker:
 class JudgeQueue:
     """Hands evaluations to free judge workers, one each; the wait is queue time (an async actor)."""
 
-    def __init__(self, workers: list, names: list[str], device: str, timeout_s: float):
+    def __init__(self, workers: list, names: list[str], device: str, timeout_s: float,
+                 now: Callable[[], float] = time.monotonic):
         self._free: asyncio.Queue = asyncio.Queue()
         for worker, name in zip(workers, names):
             self._free.put_nowait((worker, name))
-        self.device, self.timeout_s = device, timeout_s
+        self.device, self.timeout_s, self._now = device, timeout_s, now
         self.waiting = 0
 
     async def grade(self, problem: ProblemInfo, kernel_source: str, dsl: Dsl) -> Graded:
         from ray.exceptions import RayActorError
 
-        queued_at = time.monotonic()
+        queued_at = self._now()
         self.waiting += 1
         try:
             worker, name = await self._free.get()
         finally:
             self.waiting -= 1
-        queue_s = time.monotonic() - queued_at
+        queue_s = self._now() - queued_at
         try:
             record = await asyncio.wait_for(worker.grade.remote(problem, kernel_source, dsl), self.timeout_s)
         except (RayActorError, asyncio.TimeoutError) as exc:  # a lost GPU is infrastructure, never the kernel
