@@ -77,6 +77,18 @@ def versions() -> dict:
     return out
 
 
+def markdown_table(records: list[dict]) -> str:
+    """problem x DSL table of a records file (status, kernel/eager ms, speedup, SOL fraction)."""
+    rows = ["| problem | dsl | status | kernel ms | eager ms | speedup | SOL fraction | dsl check |",
+            "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+    for r in sorted(records, key=lambda r: (r.get("problem", ""), r.get("dsl", ""))):
+        rows.append(f"| {r.get('problem')} | {r.get('dsl')} | {r.get('status')} | {fmt(r.get('kernel_ms'), '.4f')} | "
+                    f"{fmt(r.get('eager_ms'), '.3f')} | {fmt(r.get('speedup'), '.2f')} | "
+                    f"{fmt(r.get('sol_fraction'), '.2f')} | {r.get('dsl_check', '')} |")
+    return "\n".join(rows)
+
+
 def shipped(problems: list[str] | None, dsls: list[str]) -> list[tuple[str, str, Path]]:
     todo = []
     for dsl in dsls:
@@ -98,7 +110,11 @@ def main() -> int:
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--merge", action="store_true", help="replace matching records in --out, keep the others")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--table", action="store_true", help="print a markdown table of --out and exit")
     args = ap.parse_args()
+    if args.table:
+        print(markdown_table(json.loads(Path(args.out).read_text())))
+        return 0
 
     from mkb.problems import load_catalog, problem_files, parse_problem  # noqa: F401
 
