@@ -38,7 +38,9 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = ROOT / "problems" / "solutions"
+SOLUTIONS = Path(os.environ.get("MKB_SOLUTIONS_DIR", ROOT / "problems" / "solutions"))
+DEVICE = os.environ.get("MKB_CHECK_DEVICE", "cuda")    # "cpu" only to test this harness with torch-only stand-ins
+SCALE = os.environ.get("MKB_CHECK_SCALE", "full")
 DSLS = ("cutedsl", "tirx")
 
 
@@ -125,19 +127,32 @@ def compile_one(pid: str, dsl: str, path: Path, arch: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ GPU run
+def _sync():
+    import torch
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def cuda_ms(fn, reps: int, warmup: int) -> list[float]:
     import torch
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    if DEVICE != "cuda":
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
+    _sync()
     times = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
+        _sync()
         s.record()
         fn()
         e.record()
-        torch.cuda.synchronize()
+        _sync()
         times.append(s.elapsed_time(e))
     return times
 
@@ -155,7 +170,7 @@ def run_problem(pid: str, dsls: list[str], seeds: list[int], reps: int, anchor_m
     prob = load_module(ppath, f"prob_{pid}")
     recs, sols = {}, {}
     for dsl in dsls:
-        recs[dsl] = {"problem": pid, "dsl": dsl, "mode": "gpu", "device": torch.cuda.get_device_name(),
+        recs[dsl] = {"problem": pid, "dsl": dsl, "mode": "gpu", "device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE,
                      "status": "passed", "message": "", "draws": []}
         t0 = time.time()
         try:
@@ -168,12 +183,12 @@ def run_problem(pid: str, dsls: list[str], seeds: list[int], reps: int, anchor_m
     inputs = None
     for seed in seeds:
         torch.manual_seed(seed)
-        inputs = prob.make_inputs(device="cuda", scale="full")
+        inputs = prob.make_inputs(device=DEVICE, scale=SCALE)
         keep = tt.clone(inputs)
         with tt.strict_precision():
             ref = prob.reference(*tt.clone(inputs))
             anchor = prob.reference(*tt.to_anchor(inputs)) if use_anchor else None
-        torch.cuda.synchronize()
+        _sync()
         for dsl, sol in sols.items():
             rec = recs[dsl]
             if rec["status"] != "passed":
@@ -181,7 +196,7 @@ def run_problem(pid: str, dsls: list[str], seeds: list[int], reps: int, anchor_m
             try:
                 t1 = time.time()
                 out = sol.solve(*inputs)
-                torch.cuda.synchronize()
+                _sync()
                 first_s = time.time() - t1
             except Exception as exc:  # noqa: BLE001
                 rec.update(status="runtime_error", message=f"seed {seed}: {type(exc).__name__}: {exc}"[-3000:],
@@ -234,7 +249,7 @@ def run_problem(pid: str, dsls: list[str], seeds: list[int], reps: int, anchor_m
                     with tt.strict_precision():
                         t1 = time.time()
                         prob.reference(*inputs)
-                        torch.cuda.synchronize()
+                        _sync()
                         one = time.time() - t1
                         n = 3 if one < 0.2 else 1
                         eager_ms = statistics.median(cuda_ms(lambda: prob.reference(*inputs), n, 0 if n == 1 else 1))
