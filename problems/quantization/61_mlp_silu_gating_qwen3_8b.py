@@ -11,15 +11,25 @@
 # g_h: block_scale = e4m3(amax16(h) / (6 g_h)) (saturating at 448), code = e2m1(h / (block_scale *
 # g_h)) round half to even, saturating at 6; out = dequant(h_q) @ dequant(Wd)^T in fp32, bf16 once.
 # Requantization robustness: g_h is a power of two, so block_scale * g_h is exact and a code can
-# differ between the fp32 run and the fp64 anchor only where h itself (~1e-7 relative apart in
-# the two runs) straddles a rounding midpoint: a few hundred of the 201M codes (and a few block
-# scales), each moving one of the 12288 terms of a dot product by one e2m1 step (under 1% of the
-# output's spread), an order of magnitude inside the bf16 tolerance; no TOLERANCE override needed.
+# differ between the fp32 run and the fp64 anchor only where h itself (~1e-6 relative apart in
+# the two runs: K = 4096 fp32 accumulations) straddles a rounding midpoint. At full scale that
+# is ~1000 of the 201M codes and ~200 of the 12.6M block scales; a flipped block scale re-rounds
+# all 16 values of its block, and the largest such effect seen was 1.6% of max|out| in the
+# reference itself (bf16 rounding alone: ~0.3%). A kernel with equally accurate fp32 math flips
+# other codes by similar amounts, hence TOLERANCE factor 5; leaving h unquantized errs by ~10% of
+# max|out| and still fails.
 # Fixed: shapes. Redrawn per draw: x (N(0,1)), weights (N(0, 1/fan_in)), all quantized here; g_h is
 # calibrated per draw on h (its amax / (6 * 448), rounded up to a power of two).
 import torch
 
 DTYPE = "nvfp4"
+TOLERANCE = {
+    "factor": 5.0,
+    "reason": "mid-chain NVFP4 requantization: h differs from the fp64 anchor by ~1e-6 relative, so"
+              " ~1000 codes and ~200 e4m3 block scales (each re-rounding 16 values) flip at rounding"
+              " midpoints, moving outputs by up to ~1.6% of max|out|; an equally accurate kernel flips"
+              " different ones. Skipping the requantization errs by ~10% and still fails.",
+}
 SOL = {
     "flops": 2 * 16384 * 4096 * 24576 + 2 * 16384 * 12288 * 4096 + 6 * 16384 * 12288,
     "bytes": 16384 * 2048 + 16384 * 256 + 4 + 24576 * 2048 + 24576 * 256 + 4 + 4
