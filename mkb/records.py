@@ -221,6 +221,8 @@ class JudgeRecord(Record):
         if self.status == Status.PASSED and self.device == "cuda" and (
                 self.kernel_ms is None or self.eager_ms is None or self.speedup is None):
             raise ValueError("a passed GPU record needs kernel_ms, eager_ms and speedup")
+        if self.status == Status.PASSED and self.dsl_check == Check.FAILED:
+            raise ValueError("a passed record cannot have a failed DSL check")
         return self
 
     @property

@@ -70,6 +70,8 @@ def main() -> int:
     parser.add_argument("out", help="where to write the JSON records")
     parser.add_argument("--bench", type=int, default=0, help="also run N gradings per valid kernel and mode")
     parser.add_argument("--only", nargs="*", default=[], help="grade only these fixtures")
+    parser.add_argument("--bench-kernels", nargs="*", default=list(VALID), help="valid kernels to benchmark")
+    parser.add_argument("--no-flushed", action="store_true", help="skip the flushed-mode gradings of valid kernels")
     args = parser.parse_args()
     try:
         import torch
@@ -87,7 +89,8 @@ def main() -> int:
     catalog = catalog_for(ROOT / "problems")
     out = {"environment": describe(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "records": [], "bench": []}
     ok_all = True
-    for run in plan(args.only):
+    runs = [r for r in plan(args.only) if not (args.no_flushed and r["timing"] == "flushed")]
+    for run in runs:
         started = time.monotonic()
         try:
             record = grade(resolve(run["problem"], catalog), KERNELS / f"{run['fixture']}.py", run["dsl"],
@@ -108,7 +111,7 @@ def main() -> int:
     if args.bench:
         from mkb.cli.bench_cmd import summarize
 
-        for name in VALID:
+        for name in args.bench_kernels:
             f = facts(KERNELS / f"{name}.py")
             for mode in ("paper", "flushed"):
                 records = [grade(resolve(f["problem"], catalog), KERNELS / f"{name}.py", f["dsl"], device="cuda",

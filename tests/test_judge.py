@@ -150,9 +150,9 @@ def test_verify_cli_json_and_exit_codes(tmp_path):
                                    "--device", "cpu", "--scale", "smoke", "--json", "--db", str(db)])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["status"] == "passed"
-    bad = CliRunner().invoke(main, ["verify", "p28", "--dsl", "tirx", str(KERNELS / "no_solve.py"),
+    bad = CliRunner().invoke(main, ["verify", "p28", "--dsl", "cutedsl", str(KERNELS / "timer_patch.py"),
                                     "--device", "cpu", "--scale", "smoke", "--json"])
-    assert bad.exit_code == 1 and json.loads(bad.stdout)["status"] == "import_error"
+    assert bad.exit_code == 1 and json.loads(bad.stdout)["status"] == "policy_violation"
     from mkb.store import Store
 
     with Store(db) as store:
