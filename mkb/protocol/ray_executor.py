@@ -155,19 +155,21 @@ class JudgeWorker:
 
 
 class JudgeQueue:
-    """Hands evaluations to free judge workers, one each; the wait is queue time (an async actor)."""
+    """Hands evaluations to free judge workers, one each; the wait is queue time (an async actor).
+
+    A worker lost mid-evaluation (its process or node died) is restarted by Ray; the evaluation is retried
+    after each of backoff_s, the waits counted as queue time, and after that recorded as an infra_error.
+    """
 
     def __init__(self, workers: list, names: list[str], device: str, timeout_s: float,
-                 now: Callable[[], float] = time.monotonic):
+                 backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0), now: Callable[[], float] = time.monotonic):
         self._free: asyncio.Queue = asyncio.Queue()
         for worker, name in zip(workers, names):
             self._free.put_nowait((worker, name))
-        self.device, self.timeout_s, self._now = device, timeout_s, now
+        self.device, self.timeout_s, self.backoff_s, self._now = device, timeout_s, backoff_s, now
         self.waiting = 0
 
     async def grade(self, problem: ProblemInfo, kernel_source: str, dsl: Dsl) -> Graded:
-        from ray.exceptions import RayActorError
-
         queued_at = self._now()
         self.waiting += 1
         try:
@@ -176,14 +178,31 @@ class JudgeQueue:
             self.waiting -= 1
         queue_s = self._now() - queued_at
         try:
-            record = await asyncio.wait_for(worker.grade.remote(problem, kernel_source, dsl), self.timeout_s)
-        except (RayActorError, asyncio.TimeoutError) as exc:  # a lost GPU is infrastructure, never the kernel
-            record = JudgeRecord(status=Status.INFRA_ERROR, problem=problem.id, dsl=dsl, device=self.device,
-                                 message=f"judge worker {name} was lost during the evaluation "
-                                         f"({type(exc).__name__}); not charged")
+            record, waited_s = await self._grade_on(worker, name, problem, kernel_source, dsl)
         finally:
             self._free.put_nowait((worker, name))
-        return Graded(record, queue_s, name)
+        return Graded(record, queue_s + waited_s, name)
+
+    async def _grade_on(self, worker, name: str, problem: ProblemInfo, kernel_source: str,
+                        dsl: Dsl) -> tuple[JudgeRecord, float]:
+        from ray.exceptions import RayActorError
+
+        waited_s = 0.0
+        for wait_s in (*self.backoff_s, None):
+            try:
+                record = await asyncio.wait_for(worker.grade.remote(problem, kernel_source, dsl), self.timeout_s)
+                return record, waited_s
+            except RayActorError as exc:  # a lost GPU is infrastructure, never the kernel's fault
+                why = f"was lost during the evaluation ({type(exc).__name__}, {len(self.backoff_s) + 1} tries)"
+            except asyncio.TimeoutError:
+                wait_s, why = None, f"did not answer within {self.timeout_s:.0f} s"
+            if wait_s is None:
+                break
+            log.warning("judge worker %s %s; retrying in %.0f s", name, why, wait_s)
+            await asyncio.sleep(wait_s)
+            waited_s += wait_s
+        return JudgeRecord(status=Status.INFRA_ERROR, problem=problem.id, dsl=dsl, device=self.device,
+                           message=f"judge worker {name} {why}; not charged"), waited_s
 
     async def queued(self) -> int:
         return self.waiting
