@@ -200,3 +200,15 @@ def test_trace_summary_flags_unjoined_side_stream_work():
     assert summary["calls"][0]["kernels"] == 2
     joined = [e for e in events if e.get("name") != "side_gemm"]
     assert trace.summarize(joined)["escaped"] == []
+
+
+def test_trace_summary_assigns_uncorrelated_driver_launches_to_their_call():
+    from mkb.judge import trace
+
+    events = [{"cat": "user_annotation", "name": "mkb_solve", "ts": 0, "dur": 5},
+              {"cat": "user_annotation", "name": "mkb_marker", "ts": 6, "dur": 1},
+              {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 6.5, "dur": 1, "args": {"correlation": 9}},
+              {"cat": "kernel", "name": "kernel_cutlass_x_0", "ts": 8, "dur": 20, "args": {"stream": 7}},
+              {"cat": "kernel", "name": "fill", "ts": 29, "dur": 1, "args": {"correlation": 9, "stream": 7}}]
+    summary = trace.summarize(events)
+    assert [k["name"] for k in summary["kernels"]] == ["kernel_cutlass_x_0"] and summary["escaped"] == []

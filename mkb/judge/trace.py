@@ -68,8 +68,12 @@ def _owner(ranges: list[tuple], ts: float | None) -> tuple | None:
 
 
 def _latest(ranges: list[tuple], ts: float) -> tuple | None:
-    """The last range that began before ts (for a kernel whose launch record is missing)."""
-    started = [(start, name) for start, _, name in ranges if start <= ts]
+    """The solve call a kernel without a launch record belongs to: the last mkb_solve that began before it.
+
+    Each profiled call ends with a device synchronisation, so a call's kernels all run before the
+    next call begins; the judge's own marker kernels are torch launches and always correlate.
+    """
+    started = [(start, name) for start, _, name in ranges if start <= ts and name == "mkb_solve"]
     return started[-1] if started else None
 
 
