@@ -239,7 +239,7 @@ def _collapse(page: Page) -> Page:
     out = []
     for e in page.entries:
         group = groups[(e.kind, e.signature.split("(", 1)[-1], e.summary, e.defined_in)]
-        if len(group) < 4 or not e.summary:
+        if len(group) < 4 or not e.summary or e.kind in ("class", "enum"):
             out.append(e)
         elif group[0] is e:
             names = ", ".join(f"`{g.name.rsplit('.', 1)[-1]}`" for g in group[1:])
