@@ -22,7 +22,9 @@ from pathlib import Path
 import ray
 
 from mkb import protocol
-from mkb.protocol.ray_executor import Drainer, Inbox, JudgeWorker, Outbox, RayOptions, run_model_ray
+from mkb.protocol.ray_channel import Drainer, Inbox, Outbox
+from mkb.protocol.ray_executor import RayOptions, run_model_ray
+from mkb.protocol.ray_judges import JudgeWorker
 from mkb.records import JudgeRecord, Status
 from mkb.settings import load_settings
 from mkb.store import Store

@@ -23,7 +23,9 @@ from scripted_server import Hold, call, reply  # noqa: E402
 
 from mkb import protocol  # noqa: E402
 from mkb.protocol.plan import Action  # noqa: E402
-from mkb.protocol.ray_executor import Inbox, JudgeQueue, RayOptions, run_model_ray  # noqa: E402
+from mkb.protocol.ray_channel import Inbox  # noqa: E402
+from mkb.protocol.ray_executor import RayOptions, run_model_ray  # noqa: E402
+from mkb.protocol.ray_judges import JudgeQueue  # noqa: E402
 from mkb.records import Arm, JudgeRecord, Status  # noqa: E402
 from mkb.settings import load_settings  # noqa: E402
 from mkb.store import Store  # noqa: E402

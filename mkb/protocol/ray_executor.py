@@ -1,21 +1,15 @@
 """Scale-out on Ray: attempts as Ray tasks, judge evaluations on one-GPU actors, the driver the only writer.
 
 The driver plans from the store and runs the same ProtocolRun as the local executor. Each attempt is a
-Ray task (CPU) running make_attempt on whichever node Ray picks. What an attempt writes (transcript
-messages, submissions) travels to the driver as a store call through an Inbox actor, and the task goes
-on only once the driver has written it: the database contract is unchanged and a killed process loses
-at most the message in flight. Judge evaluations wait in a JudgeQueue actor for a JudgeWorker actor
-holding one GPU (in CPU mode, one CPU); that wait is reported as queue time, never charged to a budget.
-A lost worker or node ends its attempt as an infra_error, which the next run reruns without charge.
+Ray task (CPU) running make_attempt on whichever node Ray picks. Its store calls reach the driver through
+ray_channel, and its gradings go to ray_judges. A lost worker or node ends its attempt as an infra_error,
+which the next run reruns without charge (docs/ray.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-import logging
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -26,21 +20,17 @@ from typing import Any
 
 from mkb import environment
 from mkb.agent.budget import Budget
-from mkb.agent.prompts import Gpu, toolchain_versions
+from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
 from mkb.protocol import RunRequest, _stop_on_signals, current_parts, executor_factory, judge_grader
 from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
 from mkb.protocol.plan import PlanItem, TrialSpec
-from mkb.protocol.pool import Graded
+from mkb.protocol.ray_channel import Drainer, Inbox, Outbox
+from mkb.protocol.ray_judges import Judges
 from mkb.protocol.runner import AttemptContext, AttemptFn, Outcome, Progress, ProtocolRun
-from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
+from mkb.records import JudgeRecord
 from mkb.settings import Settings
 from mkb.store import Store
-
-log = logging.getLogger(__name__)
-
-STORE_CALLS = ("add_message", "add_submission")
-"""The store methods an attempt task may call through the inbox."""
 
 
 @dataclass(frozen=True)
@@ -83,129 +73,7 @@ def connect(options: RayOptions):
     return ray
 
 
-# -- actors and tasks (these run in Ray worker processes) ----------------------------------------
-
-
-class Inbox:
-    """Store calls from attempt tasks, held until the driver has written them (an async actor)."""
-
-    def __init__(self):
-        self._items: list[tuple[int, tuple]] = []
-        self._waiters: dict[int, asyncio.Future] = {}
-        self._new = asyncio.Event()
-        self._next = 0
-        self.cancelled = False
-
-    async def put(self, call: tuple) -> bool:
-        """Queue (method, args, kwargs); returns once written, with whether the run is cancelled."""
-        key, self._next = self._next, self._next + 1
-        self._waiters[key] = asyncio.get_running_loop().create_future()
-        self._items.append((key, call))
-        self._new.set()
-        error = await self._waiters[key]
-        if error:
-            raise RuntimeError(f"the driver could not record {call[0]}: {error}")
-        return self.cancelled
-
-    async def take(self, timeout_s: float) -> list[tuple[int, tuple]]:
-        """The queued calls, waiting up to timeout_s for one."""
-        if not self._items:
-            self._new.clear()
-            try:
-                await asyncio.wait_for(self._new.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
-        items, self._items = self._items, []
-        return items
-
-    async def ack(self, done: dict[int, str | None]) -> None:
-        """Release the callers of written calls (an error text makes their put raise)."""
-        for key, error in done.items():
-            waiter = self._waiters.pop(key, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(error)
-
-    async def cancel(self) -> None:
-        """From now on every put answers 'cancelled': attempts stop at their next turn."""
-        self.cancelled = True
-
-
-class JudgeWorker:
-    """Grades one kernel at a time on its own GPU (or CPU): grade(problem, path, dsl, device_slot=...)."""
-
-    def __init__(self, grade: Callable[..., JudgeRecord], device: str):
-        self._grade, self.device = grade, device
-
-    def _slot(self) -> str:
-        import ray
-
-        return ",".join(str(g) for g in ray.get_gpu_ids()) if self.device == "cuda" else "cpu"
-
-    def facts(self) -> dict:
-        """Where this worker runs: host, GPU slot, GPUs, toolchain."""
-        gpus = environment.gpus() if self.device == "cuda" else []
-        return {"host": socket.gethostname(), "slot": self._slot(), "gpus": gpus, "toolchain": toolchain_versions()}
-
-    def grade(self, problem: ProblemInfo, kernel_source: str, dsl: Dsl) -> JudgeRecord:
-        """Grade a kernel given as source text (the attempt's workspace may be on another node)."""
-        with tempfile.TemporaryDirectory(prefix="mkb-ray-kernel-") as tmp:
-            path = Path(tmp) / "kernel.py"
-            path.write_text(kernel_source, encoding="utf-8")
-            return self._grade(problem, str(path), dsl, device_slot=self._slot())
-
-
-class JudgeQueue:
-    """Hands evaluations to free judge workers, one each; the wait is queue time (an async actor).
-
-    A worker lost mid-evaluation (its process or node died) is restarted by Ray; the evaluation is retried
-    after each of backoff_s, the waits counted as queue time, and after that recorded as an infra_error.
-    """
-
-    def __init__(self, workers: list, names: list[str], device: str, timeout_s: float,
-                 backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0), now: Callable[[], float] = time.monotonic):
-        self._free: asyncio.Queue = asyncio.Queue()
-        for worker, name in zip(workers, names):
-            self._free.put_nowait((worker, name))
-        self.device, self.timeout_s, self.backoff_s, self._now = device, timeout_s, backoff_s, now
-        self.waiting = 0
-
-    async def grade(self, problem: ProblemInfo, kernel_source: str, dsl: Dsl) -> Graded:
-        queued_at = self._now()
-        self.waiting += 1
-        try:
-            worker, name = await self._free.get()
-        finally:
-            self.waiting -= 1
-        queue_s = self._now() - queued_at
-        try:
-            record, waited_s = await self._grade_on(worker, name, problem, kernel_source, dsl)
-        finally:
-            self._free.put_nowait((worker, name))
-        return Graded(record, queue_s + waited_s, name)
-
-    async def _grade_on(self, worker, name: str, problem: ProblemInfo, kernel_source: str,
-                        dsl: Dsl) -> tuple[JudgeRecord, float]:
-        from ray.exceptions import RayActorError
-
-        waited_s = 0.0
-        for wait_s in (*self.backoff_s, None):
-            try:
-                record = await asyncio.wait_for(worker.grade.remote(problem, kernel_source, dsl), self.timeout_s)
-                return record, waited_s
-            except RayActorError as exc:  # a lost GPU is infrastructure, never the kernel's fault
-                why = f"was lost during the evaluation ({type(exc).__name__}, {len(self.backoff_s) + 1} tries)"
-            except asyncio.TimeoutError:
-                wait_s, why = None, f"did not answer within {self.timeout_s:.0f} s"
-            if wait_s is None:
-                break
-            log.warning("judge worker %s %s; retrying in %.0f s", name, why, wait_s)
-            await asyncio.sleep(wait_s)
-            waited_s += wait_s
-        return JudgeRecord(status=Status.INFRA_ERROR, problem=problem.id, dsl=dsl, device=self.device,
-                           message=f"judge worker {name} {why}; not charged"), waited_s
-
-    async def queued(self) -> int:
-        return self.waiting
+# -- the attempt task (runs in a Ray worker process) ------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -227,25 +95,6 @@ class AttemptJob:
         from mkb.agent.model import ChatModel
 
         return ChatModel(self.config)
-
-
-class Outbox:
-    """The store calls of one attempt task, sent to the driver; each returns once written there."""
-
-    def __init__(self, inbox, cancel: threading.Event):
-        self.inbox, self.cancel = inbox, cancel
-
-    def _send(self, name: str, *args, **kwargs) -> None:
-        import ray
-
-        if ray.get(self.inbox.put.remote((name, args, kwargs))):
-            self.cancel.set()
-
-    def add_message(self, attempt_id: str, seq: int, message: dict) -> None:
-        self._send("add_message", attempt_id, seq, message)
-
-    def add_submission(self, attempt_id: str, n: int, kind: str, record, **fields) -> None:
-        self._send("add_submission", attempt_id, n, kind, record, **fields)
 
 
 def install_differences(job: AttemptJob, spec: TrialSpec, expected: dict) -> list[str]:
@@ -283,89 +132,17 @@ def attempt_task(job: AttemptJob, spec: TrialSpec, attempt_id: str, skill_text: 
 # -- the driver side ------------------------------------------------------------------------------
 
 
-class Judges:
-    """The judge actors of a run and their queue, as the progress view sees a JudgePool."""
-
-    def __init__(self, ray, grade: Callable[..., JudgeRecord], device: str, n: int, timeout_s: float,
-                 start_timeout_s: float, pin):
-        resources = {"num_cpus": 1, "num_gpus": 1 if device == "cuda" else 0}
-        worker = ray.remote(JudgeWorker).options(max_restarts=-1, max_task_retries=0, **resources)
-        self.ray, self.workers = ray, [worker.remote(grade, device) for _ in range(n)]
-        try:
-            self.facts = ray.get([w.facts.remote() for w in self.workers], timeout=start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            raise MkbError(f"{n} judge actors ({resources}) did not start within {start_timeout_s:.0f} s. "
-                           f"Add nodes with free GPUs, or check 'ray status'.") from None
-        self.slots = [f"{f['host']}:{f['slot']}" for f in self.facts]
-        self.queue = ray.remote(JudgeQueue).options(num_cpus=0, scheduling_strategy=pin).remote(
-            self.workers, self.slots, device, timeout_s)
-
-    @property
-    def queued(self) -> int:
-        """Evaluations waiting for a judge worker."""
-        try:
-            return self.ray.get(self.queue.queued.remote(), timeout=2)
-        except Exception:  # the progress view must never stop a run
-            return 0
-
-    @property
-    def gpus(self) -> list[dict]:
-        return [{"host": f["host"], **g} for f in self.facts for g in f["gpus"]]
-
-    def close(self) -> None:
-        for actor in [self.queue, *self.workers]:
-            self.ray.kill(actor)
-
-
-class Drainer(threading.Thread):
-    """Writes the inbox's store calls into the store (the single writer) and passes Ctrl-C on."""
-
-    def __init__(self, ray, inbox, store: Store, cancel: threading.Event):
-        super().__init__(name="ray-inbox", daemon=True)
-        self.ray, self.inbox, self.store, self.cancel = ray, inbox, store, cancel
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        told = False
-        while not self.halt.is_set():
-            if self.cancel.is_set() and not told:
-                self.inbox.cancel.remote()
-                told = True
-            try:
-                batch = self.ray.get(self.inbox.take.remote(0.2))
-            except self.ray.exceptions.RayError:
-                log.exception("the Ray inbox was lost; running attempts end as infra errors")
-                return
-            if batch:
-                self.inbox.ack.remote({key: self._write(call) for key, call in batch})
-
-    def _write(self, call: tuple) -> str | None:
-        name, args, kwargs = call
-        if name not in STORE_CALLS:
-            return f"{name} is not a store call attempts may make"
-        try:
-            getattr(self.store, name)(*args, **kwargs)
-        except Exception as exc:
-            log.exception("could not record %s", name)
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    def stop(self) -> None:
-        self.halt.set()
-        self.join(timeout=10)
-
-
-def remote_attempt(ray, settings: Settings, job_ref, budget: Budget, inbox, judges: Judges,
-                   options: RayOptions, env_vars: dict[str, str]) -> AttemptFn:
+def remote_attempt(ray, job: AttemptJob, inbox, judge_queue, options: RayOptions,
+                   env_vars: dict[str, str]) -> AttemptFn:
     """An AttemptFn for ProtocolRun that runs the attempt as a Ray task and waits for its Outcome."""
-    task = ray.remote(attempt_task)
+    task, job_ref = ray.remote(attempt_task), ray.put(job)
     resources = {"num_cpus": options.attempt_cpus, "max_retries": 0,
                  **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
 
     def attempt(spec: TrialSpec, ctx: AttemptContext) -> Outcome:
-        expected = current_parts(settings, spec, None, budget).model_dump(mode="json")
+        expected = current_parts(job.settings, spec, None, job.budget).model_dump(mode="json")
         ref = task.options(name=f"attempt:{spec.trial_id}", **resources).remote(
-            job_ref, spec, ctx.attempt_id, ctx.skill_text, expected, inbox, judges.queue)
+            job_ref, spec, ctx.attempt_id, ctx.skill_text, expected, inbox, judge_queue)
         deadline = None
         while not ray.wait([ref], timeout=0.5)[0]:
             if ctx.cancel.is_set():
@@ -419,52 +196,39 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
 
     Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
     """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     ray = connect(options)
     device = judge_device(ray, device)
     config, provider, env_vars = _model_access(request)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     n_judges = options.n_judges or (int(ray.cluster_resources().get("GPU", 0)) if device == "cuda" else 1)
-    judges = Judges(ray, grade or judge_grader(settings, device), device, n_judges, settings.judge_timeout_s * 2 + 60,
-                    options.start_timeout_s, here)
-    try:
-        drift = [f["host"] for f in judges.facts if f["toolchain"] != toolchain_versions()]
-        if drift:
-            raise MkbError(f"judge nodes {sorted(set(drift))} run another toolchain than the driver. Run the "
-                           f"driver and every Ray node from the same mkb image.")
+    with Judges(ray, grade or judge_grader(settings, device), device, n_judges, settings.judge_timeout_s * 2 + 60,
+                options.start_timeout_s, here) as judges:
         if on_pool:
             on_pool(judges)
-        return _run(ray, settings, store, request, items, judges, config, provider, env_vars, options, here,
-                    on_event)
-    finally:
-        judges.close()
-
-
-def _run(ray, settings, store, request, items, judges, config, provider, env_vars, options, here, on_event):
-    run_id = uuid.uuid4().hex
-    facts = environment.describe(with_gpu=False)
-    store.start_run(run_id, request.model, versions=facts["versions"], git_commit=facts["git_commit"],
-                    host=facts["host"], gpus=judges.gpus, command="run-model", **provider)
-    gpus = judges.gpus
-    gpu = Gpu(name=gpus[0]["name"], arch=gpus[0]["arch"]) if gpus else Gpu()
-    job = AttemptJob(settings, request.model, config, request.budget, request.sandbox, request.image, gpu)
-    inbox = ray.remote(Inbox).options(num_cpus=0, scheduling_strategy=here).remote()
-    attempt = remote_attempt(ray, settings, ray.put(job), request.budget, inbox, judges, options, env_vars)
-    skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
-    runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
-    drainer = Drainer(ray, inbox, store, runner.cancel)
-    drainer.start()
-    state = "interrupted"
-    try:
-        with _stop_on_signals(runner.cancel):
-            progress = runner.run(items)
-        state = "finished"
-        return progress
-    except KeyboardInterrupt:
-        runner.cancel.set()
-        raise
-    finally:
-        drainer.stop()
-        ray.kill(inbox)
-        store.finish_run(run_id, state)
+        gpus = judges.gpus
+        job = AttemptJob(settings, request.model, config, request.budget, request.sandbox, request.image,
+                         Gpu(name=gpus[0]["name"], arch=gpus[0]["arch"]) if gpus else Gpu())
+        run_id, facts = uuid.uuid4().hex, environment.describe(with_gpu=False)
+        store.start_run(run_id, request.model, versions=facts["versions"], git_commit=facts["git_commit"],
+                        host=facts["host"], gpus=gpus, command="run-model", **provider)
+        inbox = ray.remote(Inbox).options(num_cpus=0, scheduling_strategy=here).remote()
+        attempt = remote_attempt(ray, job, inbox, judges.queue, options, env_vars)
+        skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
+        runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
+        drainer = Drainer(ray, inbox, store, runner.cancel)
+        drainer.start()
+        state = "interrupted"
+        try:
+            with _stop_on_signals(runner.cancel):
+                progress = runner.run(items)
+            state = "finished"
+            return progress
+        except KeyboardInterrupt:
+            runner.cancel.set()
+            raise
+        finally:
+            drainer.stop()
+            ray.kill(inbox)
+            store.finish_run(run_id, state)
