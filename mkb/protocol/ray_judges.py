@@ -8,14 +8,16 @@ lost mid-evaluation is restarted by Ray and the evaluation retried; after that i
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mkb import environment
 from mkb.agent.prompts import toolchain_versions
 from mkb.errors import MkbError
 from mkb.protocol.pool import Graded
@@ -37,8 +39,17 @@ class JudgeWorker:
 
     def facts(self) -> dict:
         """Where this worker runs: host, GPU slot, GPUs, toolchain."""
-        gpus = environment.gpus() if self.device == "cuda" else []
-        return {"host": socket.gethostname(), "slot": self._slot(), "gpus": gpus, "toolchain": toolchain_versions()}
+        return {"host": socket.gethostname(), "slot": self._slot(), "gpus": self._gpus(),
+                "toolchain": toolchain_versions()}
+
+    def _gpus(self) -> list[dict]:
+        # Asked in a child process: CUDA initialised in this long-lived actor would hold memory on
+        # the GPU that every timed kernel then shares.
+        if self.device != "cuda":
+            return []
+        script = "import json; from mkb import environment; print(json.dumps(environment.gpus()))"
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
 
     def grade(self, problem: ProblemInfo, kernel_source: str, dsl: Dsl) -> JudgeRecord:
         """Grade a kernel given as source text (the attempt's workspace may be on another node)."""
