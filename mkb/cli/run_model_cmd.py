@@ -52,7 +52,7 @@ class _Live:
 
 @click.command(name="run-model")
 @click.argument("model")
-@click.option("--problems", "problems", multiple=True, help="Problem ids or globs (e.g. 'p0[1-9]*'); default all.")
+@click.option("--problems", "problems", multiple=True, help="Problem ids or globs, repeated or comma-separated (e.g. 'p0[1-9]*'); default all.")
 @click.option("--families", multiple=True, type=click.Choice(FAMILIES), help="Only these families.")
 @click.option("--arms", multiple=True, type=click.Choice([str(a) for a in Arm]), help="Arms (default all four).")
 @click.option("--trials", "trial_glob", help="Only trial ids matching this glob (sources pulled in).")
@@ -72,7 +72,7 @@ class _Live:
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run on this host, or attempts as Ray tasks and judges as one-GPU Ray actors (docs/ray.md).")
 @click.option("--ray-address", help="Ray cluster for --executor ray (auto, HOST:6379, ray://HOST:10001); "
-                                    "default: start a local Ray instance.")
+                                    "default: the one 'ray start' left on this host, else a new local one.")
 @click.pass_context
 def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device,
                   rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, sandbox, image, executor,
@@ -103,7 +103,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
         raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu (the judge's CPU mode).")
     slots = ["cpu"] if device == "cpu" else (gpus.split(",") if gpus else [str(g["index"]) for g in environment.gpus()])
     request = protocol.RunRequest(
-        model=model, problems=list(problems) or None, families=list(families) or None,
+        model=model, problems=[x for p in problems for x in p.split(",") if x] or None, families=list(families) or None,
         arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,
         concurrency=concurrency, slots=slots, rerun_stale=rerun_stale,
         budget=Budget(wall_s=budget_s, n_submissions=submissions), base_url=base_url, api_key_env=api_key_env,

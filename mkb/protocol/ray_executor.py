@@ -38,7 +38,8 @@ class RayOptions:
     """Where and how a run uses Ray."""
 
     address: str | None = None
-    """Cluster to join ('auto', 'ray://head:10001', 'head:6379'); None starts a local Ray instance."""
+    """Cluster to join ('auto', 'ray://head:10001', 'head:6379'); None: RAY_ADDRESS, or the cluster
+    'ray start' left on this host, else a new local Ray instance (ray.init's rules)."""
     attempt_cpus: float = 1.0
     """CPUs each attempt task reserves (agents mostly wait on the model API)."""
     n_judges: int | None = None
