@@ -14,21 +14,22 @@
 # differ between the fp32 run and the fp64 anchor only where h itself (~1e-6 relative apart in
 # the two runs: K = 4096 fp32 accumulations) straddles a rounding midpoint. At full scale that
 # is ~1000 of the 201M codes and ~200 of the 12.6M block scales; a flipped block scale re-rounds
-# all 16 values of its block, and the largest such effect seen was 1.6% of max|out| in the
-# reference itself (bf16 rounding alone: ~0.3%). A kernel with equally accurate fp32 math flips
-# other codes by similar amounts, hence TOLERANCE factor 5; leaving h unquantized errs by ~10% of
-# max|out| and still fails.
+# all 16 values of its block. Measured at full scale (H200, 7 draws), as a share of max|out|: the
+# reference's own error 0.8-1.6% (bf16 rounding alone ~0.3%); an fp32 kernel with another
+# summation order 0.75-1.5%; a kernel rounding gate/up to bf16 before the activation 2.9-3.6%;
+# leaving h unquantized ~10%. TOLERANCE factor 6 accepts the first two and rejects the last.
 # Fixed: shapes. Redrawn per draw: x (N(0,1)), weights (N(0, 1/fan_in)), all quantized here; g_h is
 # calibrated per draw on h (its amax / (6 * 448), rounded up to a power of two).
 import torch
 
 DTYPE = "nvfp4"
 TOLERANCE = {
-    "factor": 5.0,
+    "factor": 6.0,
     "reason": "mid-chain NVFP4 requantization: h differs from the fp64 anchor by ~1e-6 relative, so"
               " ~1000 codes and ~200 e4m3 block scales (each re-rounding 16 values) flip at rounding"
-              " midpoints, moving outputs by up to ~1.6% of max|out|; an equally accurate kernel flips"
-              " different ones. Skipping the requantization errs by ~10% and still fails.",
+              " midpoints: the reference errs by 0.8-1.6% of max|out|, an fp32 kernel with another"
+              " summation order by 0.75-1.5%, one with bf16 gate/up by 2.9-3.6%; skipping the"
+              " requantization errs by ~10% and still fails.",
 }
 SOL = {
     "flops": 2 * 16384 * 4096 * 24576 + 2 * 16384 * 12288 * 4096 + 6 * 16384 * 12288,
