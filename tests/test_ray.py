@@ -285,3 +285,12 @@ def test_inbox_releases_a_put_only_once_written_and_passes_cancel_on():
         return cancelled, await inbox.take(0.01)
 
     assert asyncio.run(scenario()) == (True, [])
+
+
+def test_an_unreachable_cluster_address_fails_fast():
+    from mkb.protocol.ray_executor import _check_reachable
+
+    with pytest.raises(ConnectionRefusedError):
+        _check_reachable("ray://127.0.0.1:1")
+    for address in (None, "auto", "local"):
+        _check_reachable(address)  # left to ray.init

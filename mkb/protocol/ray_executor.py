@@ -65,13 +65,22 @@ def import_ray():
 def connect(options: RayOptions):
     """Join (or start) the Ray instance; returns the ray module."""
     ray = import_ray()
-    if not ray.is_initialized():
-        try:
-            ray.init(address=options.address, **options.init_kwargs)
-        except ConnectionError as exc:
-            raise MkbError(f"cannot reach the Ray cluster at {options.address!r} ({exc}). Start it with "
-                           f"'ray start --head' (docs/ray.md), or leave --ray-address out for a local one.") from None
+    if ray.is_initialized():
+        return ray
+    try:
+        _check_reachable(options.address)
+        ray.init(address=options.address, **options.init_kwargs)
+    except OSError as exc:  # ConnectionError, a timeout, an unknown host
+        raise MkbError(f"cannot reach the Ray cluster at {options.address!r} ({exc}). Start it with "
+                       f"'ray start --head' (docs/ray.md), or leave --ray-address out for a local one.") from None
     return ray
+
+
+def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """Fail fast on a HOST:PORT nobody listens on: ray.init would retry it for minutes."""
+    host, _, port = (address or "").removeprefix("ray://").rpartition(":")
+    if host and port.isdigit():
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
 
 
 # -- the attempt task (runs in a Ray worker process) ------------------------------------------------
@@ -197,9 +206,9 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
 
     Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
     """
+    ray = connect(options)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ray = connect(options)
     device = judge_device(ray, device)
     config, provider, env_vars = _model_access(request)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
