@@ -240,5 +240,5 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
             raise
         finally:
             drainer.stop()
-            ray.kill(inbox)
             store.finish_run(run_id, state)
+            ray.kill(inbox)
