@@ -21,10 +21,19 @@ def docs_sha256(problems_dir: Path, dsl: Dsl) -> str:
     """One sha256 over the DSL docs (relative paths and contents); the hash of nothing when absent."""
     digest = hashlib.sha256()
     root = docs_dir(problems_dir, dsl)
-    for path in sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []:
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not _is_scratch(p, root)) if root.is_dir() else []:
         digest.update(f"{path.relative_to(root).as_posix()}\0".encode())
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+SCRATCH = ("__pycache__", "build_*", "*.pyc")
+"""Files an example run leaves in the docs folder: neither hashed nor copied into workspaces."""
+
+
+def _is_scratch(path: Path, root: Path) -> bool:
+    return any(part.endswith(".pyc") or part == "__pycache__" or part.startswith("build_")
+               for part in path.relative_to(root).parts)
 
 
 def prepare_workspace(problem: ProblemInfo, dsl: Dsl, path: Path, problems_dir: Path) -> Path:
@@ -40,7 +49,7 @@ def prepare_workspace(problem: ProblemInfo, dsl: Dsl, path: Path, problems_dir: 
     (path / "CONTRACT.md").write_text(prompts.contract(problem, dsl, templates_dir), encoding="utf-8")
     docs = docs_dir(problems_dir, dsl)
     if docs.is_dir():
-        shutil.copytree(docs, path / "docs")
+        shutil.copytree(docs, path / "docs", ignore=shutil.ignore_patterns(*SCRATCH))
     else:
         (path / "docs").mkdir()
     for name in DELIVERABLES:

@@ -26,6 +26,25 @@ from mkb.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 
+_NETNS_BREAKS_CUDA: str | None = None
+"""Why CUDA failed inside a network namespace, once seen in this process; later GPU gradings skip the namespace."""
+
+
+def _netns_failure(verdict: dict, details: dict, log_tail: str) -> str | None:
+    """The reason to re-grade without a network namespace, when the namespace (not the kernel) broke CUDA.
+
+    Seen on the H200 (driver 580, torch 2.11): mapping the referee's CUDA IPC handles segfaults in
+    getIpcDevPtr inside `unshare -n`, for every kernel, torch-only ones included.
+    """
+    if not details["isolation"]["network"].startswith(("unshare", "bwrap")):
+        return None
+    if verdict["status"] == Status.INFRA_ERROR:
+        return verdict.get("message", "")
+    if verdict["status"] == Status.CRASHED and "getIpcDevPtr" in log_tail:
+        return "mapping CUDA IPC handles crashed (SIGSEGV in getIpcDevPtr)"
+    return None
+
+
 def resolve_device(device: str) -> str:
     """cuda or cpu; 'auto' picks cuda when an NVIDIA device is present."""
     if device in ("cuda", "cpu"):
@@ -59,16 +78,17 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
         return JudgeRecord(status=Status.POLICY_VIOLATION, message="; ".join(str(f) for f in findings[:5]),
                            details={"static": [f.__dict__ for f in findings]}, wall_s=now() - started, **base)
     timeout_s = float(timeout_s if timeout_s is not None else settings.judge_timeout_s)
-    first_try = None
-    for isolate_network in (True, False):
+    global _NETNS_BREAKS_CUDA
+    first_try = _NETNS_BREAKS_CUDA if device == "cuda" else None
+    for isolate_network in (False,) if first_try else (True, False):
         verdict, details, log_tail = _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s,
                                                isolate_network, visible_devices, now)
-        if not (verdict["status"] == Status.INFRA_ERROR and device == "cuda"
-                and details["isolation"]["network"].startswith(("unshare", "bwrap"))):
+        failure = _netns_failure(verdict, details, log_tail) if device == "cuda" else None
+        if failure is None:
             break
-        first_try = verdict.get("message", "")
-        log.warning("grading failed inside a network namespace (%s); grading again WITHOUT network isolation",
-                    first_try[:200])
+        first_try = _NETNS_BREAKS_CUDA = failure
+        log.warning("grading failed inside a network namespace (%s); grading again WITHOUT network isolation "
+                    "(and so for the rest of this process)", first_try[:200])
     if first_try is not None and not isolate_network:
         details["isolation"]["network"] = f"none: CUDA failed inside a network namespace ({first_try[:300]})"
     details.update(static=[], timeout_s=timeout_s, scale=scale, timing_mode=timing if device == "cuda" else "none",

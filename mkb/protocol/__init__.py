@@ -165,8 +165,8 @@ def judge_grader(settings, device: str):
     from mkb.judge import grade
 
     def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
-        return grade(problem, kernel_path, dsl, device=device, settings=settings,
-                     visible_devices=None if device_slot == "cpu" else device_slot)
+        pin = {} if device_slot == "cpu" else {"visible_devices": device_slot}
+        return grade(problem, kernel_path, dsl, device=device, settings=settings, **pin)
 
     return run
 
