@@ -22,7 +22,10 @@ def main(qa_path: str, out_path: str) -> None:
             "failed": [c["name"] + ": " + c["detail"] for c in report["checks"] if not c["ok"]],
             "device": (facts["gpus"] or [{}])[0].get("name"), "driver": facts.get("driver"),
             "cuda": facts.get("cuda"), "versions": facts["versions"], "fingerprint": report["fingerprint"]})
-    Path(out_path).write_text(json.dumps(rows, indent=1) + "\n")
+    doc = {"device": f"{rows[0]['device']}, driver {facts.get('driver')}, torch {facts['versions']['torch']}",
+           "note": "Recorded by mkb problems check --scale full --device cuda (scripts/gpu_session.sh qa).",
+           "problems": rows}
+    Path(out_path).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} problems passed full-scale QA; "
           f"eager {min(r['eager_ms'] or 0 for r in rows):.3f}-{max(r['eager_ms'] or 0 for r in rows):.1f} ms")
 

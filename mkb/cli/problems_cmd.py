@@ -193,7 +193,8 @@ def problems_stats(ctx, json_=False, csv_=False):
     eager_file = settings.problems_dir / "eager_h200.json"
     eager = {}
     if eager_file.exists():
-        eager = {r["problem"]: r for r in json.loads(eager_file.read_text())}
+        data = json.loads(eager_file.read_text())
+        eager = {r["problem"]: r for r in (data["problems"] if isinstance(data, dict) else data)}
     rows = []
     for family in FAMILIES:
         members = [p for p in cat if p.family == family]
