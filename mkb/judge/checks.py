@@ -40,13 +40,14 @@ def stand_in(desc: dict) -> Any:
     return _named_type(desc.get("type", "builtins.object"))()
 
 
-def describe(obj: Any) -> dict:
-    """The referee's own description of a structure, in the candidate's format."""
+def describe(obj: Any, device: str | None = None) -> dict:
+    """The referee's own description of a structure, in the candidate's format (tensors on `device`)."""
     if isinstance(obj, (list, tuple)):
-        return {"k": type(obj).__name__, "type": f"builtins.{type(obj).__name__}", "v": [describe(o) for o in obj]}
+        return {"k": type(obj).__name__, "type": f"builtins.{type(obj).__name__}",
+                "v": [describe(o, device) for o in obj]}
     if isinstance(obj, torch.Tensor):
         return {"k": "tensor", "plain": True, "shape": list(obj.shape),
-                "dtype": str(obj.dtype).removeprefix("torch."), "device": obj.device.type,
+                "dtype": str(obj.dtype).removeprefix("torch."), "device": device or obj.device.type,
                 "type": "torch.Tensor"}
     return {"k": "value", "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
 

@@ -72,6 +72,8 @@ class Candidate:
         if self.spec["role"] == "candidate":
             hooks.install(self.tracker, extra=guards.forbidden_callbacks(self.tracker))
             sys.meta_path.insert(0, _Blocker())
+        if self.device == "cuda":
+            trace.warm_up()  # the profiler's imports (dynamo wraps torch.manual_seed, ...) happen before the snapshot
         self.integrity = guards.Integrity([wire, hooks, guards, trace, sys.modules["__main__"]])
         os.write(self.spec["ready_fd"], b"ready")
         os.close(self.spec["ready_fd"])

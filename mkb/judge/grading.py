@@ -31,10 +31,11 @@ _NETNS_BREAKS_CUDA: str | None = None
 
 
 def _netns_failure(verdict: dict, details: dict, log_tail: str) -> str | None:
-    """The reason to re-grade without a network namespace, when the namespace (not the kernel) broke CUDA.
+    """The reason to re-grade without a network namespace, when the namespace (not the kernel) may have broken CUDA.
 
-    Seen on the H200 (driver 580, torch 2.11): mapping the referee's CUDA IPC handles segfaults in
-    getIpcDevPtr inside `unshare -n`, for every kernel, torch-only ones included.
+    On the H200 (driver 580, torch 2.11) CUDA and CUDA IPC work inside `unshare -n`; a crash in
+    getIpcDevPtr there came from mapping handles before CUDA was initialised (fixed in wire.py).
+    The fallback stays for machines where the namespace does break CUDA.
     """
     if not details["isolation"]["network"].startswith(("unshare", "bwrap")):
         return None

@@ -171,7 +171,7 @@ class Referee:
         if not reply.get("ok"):
             raise Failure(Status.RUNTIME_ERROR, f"draw {d + 1}: solve() raised {reply.get('error')}",
                           traceback=reply.get("traceback", ""))
-        problem = checks.structure_problem(reply["outputs"], checks.describe(ref))
+        problem = checks.structure_problem(reply["outputs"], checks.describe(ref, self.device))
         if problem is not None:
             raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: {problem}")
         if not reply.get("copied"):

@@ -2,8 +2,11 @@
 
 Runs in the referee after the correctness draws and the policy checks passed. The eager
 reference runs in its own trusted harness process (the same child.py, loaded with the problem's
-reference instead of a kernel), so both figures come from the same cross-process bracket
-(timing.py), on the same rotating input pool, in the same judge run.
+reference instead of a kernel), so both are timed the same way, on the same rotating input pool,
+in the same judge run. Each call is timed twice: by CUDA events around solve() inside its own
+process (the paper's figure) and by the referee's cross-process bracket (timing.py), which the
+candidate cannot influence. The reported kernel_ms is the in-process median only when the trusted
+bracket corroborates it (within BAND); eager_ms comes from the trusted eager process.
 """
 
 from __future__ import annotations
@@ -18,8 +21,15 @@ from mkb.judge import policy
 from mkb.records import Status
 
 NULL_CALLS = 30
-TAIL_ALLOWANCE = 0.5
-"""Work still running after solve() returned may add at most this fraction of kernel_ms."""
+TAIL_ALLOWANCE, TAIL_FLOOR_MS = 0.5, 0.5
+"""Work still running after solve() returned may add at most max(this fraction of kernel_ms, the floor).
+
+Measured on the H200: an honest 0.15 ms kernel showed 0.12 ms more tail than an empty call
+(context switches between the processes' CUDA contexts), a hidden 5 ms side stream 2.7 ms."""
+BAND_FRACTION, BAND_FLOOR_MS = 0.25, 0.1
+"""The candidate's in-process figure is accepted when it is at least the trusted figure minus
+max(this fraction of it, the floor); measured on the H200 the trusted figure ran 0.01-0.05 ms above
+the in-process one for honest kernels of 0.26-4.3 ms."""
 
 
 def _eager(referee: Referee) -> wire.Channel:
@@ -88,7 +98,10 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
         gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
              "l2_bytes": getattr(props, "L2_cache_size", None)},
         solve_calls=timing.WARMUP + timing.TIMED + 2 + len(referee.draws) + timing.PROFILED)
-    return {"kernel_ms": kernel["ms"], "eager_ms": eager_fig["ms"], "speedup": eager_fig["ms"] / kernel["ms"]}
+    kernel_ms, eager_ms = kernel["self_reported_ms"], eager_fig["self_reported_ms"] or eager_fig["ms"]
+    referee.details["timing"]["method"] = ("median of events around solve() in each process (the paper's figure), "
+                                           "the candidate's corroborated by the referee's cross-process bracket")
+    return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms}
 
 
 def _recheck(referee: Referee, snapshots: dict) -> None:
@@ -109,15 +122,15 @@ def _device_ms(profile: dict) -> float | None:
 def _cross_check(kernel: dict, null: dict, profile: dict) -> None:
     """The trusted window must contain the work: tail after solve() and profiler span stay inside it."""
     tail_excess = kernel["tail_ms"] - null["tail_ms"]
-    if tail_excess > max(TAIL_ALLOWANCE * kernel["ms"], 0.05):
+    if tail_excess > max(TAIL_ALLOWANCE * kernel["ms"], TAIL_FLOOR_MS):
         raise Failure(Status.POLICY_VIOLATION,
                       f"GPU work kept running {tail_excess:.3f} ms after solve() returned (timed "
                       f"{kernel['ms']:.3f} ms): launch on the current stream or join side streams before returning")
     self_ms = kernel.get("self_reported_ms")
-    if self_ms is not None and self_ms < 0.5 * kernel["ms"] - 0.01:
+    if self_ms is None or self_ms < kernel["ms"] - max(BAND_FRACTION * kernel["ms"], BAND_FLOOR_MS):
         raise Failure(Status.POLICY_VIOLATION,
-                      f"the in-process timer reported {self_ms:.4f} ms against {kernel['ms']:.4f} ms on the "
-                      f"trusted clock: timers were tampered with")
+                      f"the in-process timer reported {self_ms} ms against {kernel['ms']:.4f} ms on the "
+                      f"trusted clock: timers were tampered with, or work escaped the timed stream")
     spans = [c["span_us"] / 1e3 for c in (profile.get("calls") or [])] if profile.get("ok") else []
     if spans and min(spans) > 2 * kernel["ms"] + 0.05:
         raise Failure(Status.POLICY_VIOLATION,

@@ -219,6 +219,8 @@ def ipc_share(t: torch.Tensor, path: str = "") -> dict:
 
 def open_ipc_leaf(leaf: dict) -> torch.Tensor:
     """Map a producer's CUDA tensor into this process (writes reach the producer's memory)."""
+    torch.cuda._lazy_init()  # the caching allocator must exist before it maps a handle (else getIpcDevPtr segfaults)
+    torch.cuda.set_device(int(leaf["index"]))
     storage = torch.UntypedStorage._new_shared_cuda(
         int(leaf["index"]), _unb64(leaf["ipc"]), int(leaf["nbytes"]), int(leaf["storage_offset_bytes"]),
         _unb64(leaf["rc"]), int(leaf["rc_offset"]), _unb64(leaf["event"]), bool(leaf["event_sync"]))
@@ -236,6 +238,7 @@ def event_handle(event) -> str:
 
 
 def open_event(handle: str, device: int = 0):
+    torch.cuda._lazy_init()
     return torch.cuda.Event.from_ipc_handle(device, _unb64(handle))
 
 
