@@ -32,8 +32,10 @@ import torch
 from mkb.judge import wire
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
-POOL_BUDGET_BYTES = 8 << 30
-"""Most input bytes the timing pool may hold; beyond it the sets are refreshed between calls."""
+POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
+"""Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call after
+the first POOL_SETS (all warm-up calls) gets its set refilled with new random content right before it
+is sent, so nothing can be precomputed for a timed call, e.g. by a thread working through the pool."""
 
 
 class TimingError(Exception):
@@ -75,10 +77,10 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return [obj] if isinstance(obj, torch.Tensor) else []
 
 
-def pool_size(set_bytes: int, calls: int = WARMUP + TIMED) -> int:
+def pool_size(set_bytes: int) -> int:
     free, _ = torch.cuda.mem_get_info()
     budget = min(POOL_BUDGET_BYTES, free // 4)
-    return max(1, min(calls, budget // max(set_bytes, 1)))
+    return max(1, min(POOL_SETS, budget // max(set_bytes, 1)))
 
 
 class Bracket:
@@ -152,11 +154,11 @@ def flush_buffer() -> torch.Tensor:
 
 def run_calls(bracket: Bracket, pool: Pool, *, null: bool = False, flush: torch.Tensor | None = None,
               warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None) -> list[dict]:
-    """warmup + timed bracketed calls on rotating (and, when the pool is small, refreshed) input sets."""
+    """warmup + timed bracketed calls on rotating input sets, each refilled right before its call."""
     results, total = [], warmup + timed
     for k in range(total):
         s = k % pool.size
-        if pool.size < total and k >= pool.size and not null:
+        if k >= pool.size and not null:
             pool.refresh(s)
         result = bracket.call(k, s, null=null, flush=flush)
         if not null and not result["copied"]:
