@@ -81,7 +81,7 @@ def _protocol_step(settings: Settings, store: Store, model: str, device: str, ba
     try:
         items = protocol.check_stale(protocol.make_plan(settings, store, request), rerun_stale=False)
         progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
-                                      protocol.executor_factory("local", ""))
+                                      protocol.executor_factory("local", "", settings))
     except MkbError as exc:
         return Step(f"protocol ({model})", False, str(exc))
     label = f"{model} (oracle)" if model == protocol.ORACLE else model

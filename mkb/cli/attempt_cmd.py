@@ -16,14 +16,10 @@ SANDBOX_HELP = ("local: bubblewrap (falls back loudly to a plain subprocess); do
 
 def _judge(device: str, settings):
     """grade_for(problem, dsl) -> grade(kernel_path) on the real judge; on the CPU at smoke scale (test mode)."""
-    try:
-        from mkb.judge import grade
-    except ImportError as exc:
-        raise MkbError(f"the judge (mkb.judge) cannot be imported here ({exc}). Update the checkout "
-                       f"(git pull; make install).") from None
-    scale = "smoke" if device == "cpu" else "full"
-    return lambda problem, dsl: (
-        lambda kernel_path: grade(problem, kernel_path, dsl, device=device, settings=settings, scale=scale))
+    from mkb.protocol import judge_grader
+
+    grade = judge_grader(settings, device)
+    return lambda problem, dsl: (lambda kernel_path: grade(problem, kernel_path, dsl))
 
 
 def _device_and_gpu(device: str | None, settings):

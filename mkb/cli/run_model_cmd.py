@@ -132,7 +132,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
                                          on_event=view.event, on_pool=lambda p: setattr(view, "pool", p))
             else:
                 progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
-                                              protocol.executor_factory(sandbox, image), on_event=view.event,
+                                              protocol.executor_factory(sandbox, image, settings), on_event=view.event,
                                               on_pool=lambda p: setattr(view, "pool", p))
         wall = time.monotonic() - started
         rows = store.rows("SELECT state, status, count(*) AS n FROM trials WHERE model = ? "

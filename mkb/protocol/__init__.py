@@ -13,8 +13,7 @@ from pathlib import Path
 
 from mkb import environment
 from mkb.agent.budget import Budget
-from mkb.agent.prompts import Gpu, templates_sha256, toolchain_versions
-from mkb.agent.workspace import docs_sha256
+from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
 from mkb.problems import ProblemInfo, catalog_for, select
 from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
@@ -24,6 +23,7 @@ from mkb.protocol.runner import Progress, ProtocolRun
 from mkb.records import Arm
 from mkb.settings import Settings
 from mkb.store import Store
+from mkb.trial import fingerprint_parts, make_executor
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,9 @@ class RunRequest:
 
 
 def current_parts(settings: Settings, spec: TrialSpec, source_skill: str | None, budget: Budget) -> FingerprintParts:
-    """The fingerprint parts a trial would have if it ran now."""
-    return FingerprintParts(
-        problem=spec.problem.fingerprint, templates=templates_sha256(settings.problems_dir / "templates"),
-        docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
-        source_skill=source_skill if spec.arm.is_skill else None, budget=budget.model_dump(mode="json"))
+    """The fingerprint parts a trial would have if it ran now (the same parts `mkb attempt` records)."""
+    return FingerprintParts(**fingerprint_parts(spec.problem, spec.arm.dsl, settings, budget,
+                                                source_skill if spec.arm.is_skill else None))
 
 
 def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[PlanItem]:
@@ -164,22 +162,19 @@ def judge_grader(settings, device: str):
     """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
     from mkb.judge import grade
 
+    # CPU mode (tests, machines without a GPU) grades at smoke scale: full scale takes minutes per draw on a CPU
+    scale = "smoke" if device == "cpu" else "full"
+
     def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
         pin = {} if device_slot == "cpu" else {"visible_devices": device_slot}
-        return grade(problem, kernel_path, dsl, device=device, settings=settings, **pin)
+        return grade(problem, kernel_path, dsl, device=device, settings=settings, scale=scale, **pin)
 
     return run
 
 
-def executor_factory(sandbox: str, image: str):
-    """A workspace executor per attempt: bubblewrap on this host, or a Docker container."""
-    from mkb.agent.executor import LocalExecutor
-
-    if sandbox == "docker":
-        from mkb.agent.docker_executor import DockerExecutor
-
-        return lambda workdir: DockerExecutor(workdir, image)
-    return lambda workdir: LocalExecutor(workdir)
-
+def executor_factory(sandbox: str, image: str, settings: Settings):
+    """A workspace executor per attempt (bubblewrap on this host, or a Docker container); the sandbox
+    hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`."""
+    return lambda workdir: make_executor(sandbox, workdir, settings, image)
 
 __all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "ORACLE", "ProblemInfo"]

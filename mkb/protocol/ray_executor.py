@@ -133,7 +133,7 @@ def attempt_task(job: AttemptJob, spec: TrialSpec, attempt_id: str, skill_text: 
             spec.problem, Path(kernel_path).read_text(encoding="utf-8", errors="replace"), spec.arm.dsl))
 
     attempt = make_attempt(outbox, job.model, job.model_for, job.budget, grade_for,
-                           executor_factory(job.sandbox, job.image), job.settings.home / "workspaces",
+                           executor_factory(job.sandbox, job.image, job.settings), job.settings.home / "workspaces",
                            job.settings.problems_dir, job.gpu)
     ctx = AttemptContext(attempt_id, skill_text, lambda seq, m: outbox.add_message(attempt_id, seq, m), cancel)
     return attempt(spec, ctx)
