@@ -167,7 +167,10 @@ def draw_pass_speedup(results: Results) -> Figure:
                                markersize=5, color=ARM_COLORS[arm], label=ARM_LABELS[arm])
             speeds = [a.speedup for a in select(results.attempts, model=model.name, arm=arm)
                       if a.attempted and a.passed and a.speedup > 0]
-            ticks.append(f"{ARM_LABELS[arm]}\n{len(speeds)} of {s.attempts} passed")
+            passed = sum(a.attempted and a.passed for a in select(results.attempts, model=model.name, arm=arm))
+            # passed attempts graded without a GPU (the judge's CPU mode) have no timing to plot
+            untimed = f", {passed - len(speeds)} untimed" if passed > len(speeds) else ""
+            ticks.append(f"{ARM_LABELS[arm]}\n{passed} of {s.attempts} passed{untimed}")
             if speeds:
                 speed_ax.scatter(k + jitter.uniform(-0.18, 0.18, len(speeds)), speeds, s=14, alpha=0.7,
                                  color=ARM_COLORS[arm], marker=ARM_MARKERS[arm], linewidths=0)
