@@ -70,7 +70,7 @@ def reference_run(db: Path, request, executor: str) -> dict:
         if executor == "ray":
             run_model_ray(settings, store, request, items, RayOptions(), device="cpu", grade=instant_grade)
         else:
-            protocol.run_model(settings, store, request, items, instant_grade, protocol.executor_factory("local", ""))
+            protocol.run_model(settings, store, request, items, instant_grade, protocol.executor_factory("local", "", settings))
         wall_s = time.monotonic() - started
         trials = store.trials(request.model)
     return {"trials": len(trials), "wall_s": round(wall_s, 1),

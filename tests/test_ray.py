@@ -81,7 +81,7 @@ def test_reference_run_on_ray_matches_the_local_executor(cluster, tmp_path):
     settings = load_settings()
     with Store(tmp_path / "local.duckdb") as store:
         items = protocol.make_plan(settings, store, request)
-        protocol.run_model(settings, store, request, items, fake_grade, protocol.executor_factory("local", ""))
+        protocol.run_model(settings, store, request, items, fake_grade, protocol.executor_factory("local", "", settings))
     items, progress, trials = run_on_ray(tmp_path / "ray.duckdb", request)
     assert [i.action for i in items] == [Action.RUN] * 4 and progress.by_state == {"finished": 4}
     local, ray_ = results(tmp_path / "local.duckdb", "reference"), results(tmp_path / "ray.duckdb", "reference")

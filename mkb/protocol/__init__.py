@@ -7,7 +7,7 @@ import signal
 import threading
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,11 +137,24 @@ def run_model(settings: Settings, store: Store, request: RunRequest, items: list
 
     attempt = make_attempt(store, request.model, model_for, request.budget, grade_for, executor_for,
                            settings.home / "workspaces", settings.problems_dir, gpu)
+    try:
+        return drive(settings, store, request, items, run_id, attempt, on_event)
+    finally:
+        pool.close()
+
+
+def drive(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem], run_id: str,
+          attempt, on_event=None, around: Callable[[ProtocolRun], object] | None = None) -> Progress:
+    """Run the planned trials with any executor's attempt function and record how the run ended.
+
+    `around(runner)` may return a context manager held while the trials run (e.g. a message drainer).
+    Ctrl-C/SIGTERM set the cancel flag: running attempts end interrupted and rerun next time.
+    """
     skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
     runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
     state = "interrupted"
     try:
-        with _stop_on_signals(runner.cancel):
+        with (around(runner) if around else nullcontext()), _stop_on_signals(runner.cancel):
             progress = runner.run(items)
         state = "finished"
         return progress
@@ -149,7 +162,6 @@ def run_model(settings: Settings, store: Store, request: RunRequest, items: list
         runner.cancel.set()
         raise
     finally:
-        pool.close()
         store.finish_run(run_id, state)
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,12 @@ from mkb import environment
 from mkb.agent.budget import Budget
 from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
-from mkb.protocol import RunRequest, _stop_on_signals, current_parts, executor_factory, judge_grader
+from mkb.protocol import RunRequest, current_parts, drive, executor_factory, judge_grader
 from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
 from mkb.protocol.plan import PlanItem, TrialSpec
 from mkb.protocol.ray_channel import Drainer, Inbox, Outbox
 from mkb.protocol.ray_judges import Judges
-from mkb.protocol.runner import AttemptContext, AttemptFn, Outcome, Progress, ProtocolRun
+from mkb.protocol.runner import AttemptContext, AttemptFn, Outcome, Progress
 from mkb.records import JudgeRecord
 from mkb.settings import Settings
 from mkb.store import Store
@@ -225,20 +226,16 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
                         host=facts["host"], gpus=gpus, command="run-model", **provider)
         inbox = ray.remote(Inbox).options(num_cpus=0, scheduling_strategy=here).remote()
         attempt = remote_attempt(ray, job, inbox, judges.queue, options, env_vars)
-        skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
-        runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
-        drainer = Drainer(ray, inbox, store, runner.cancel)
-        drainer.start()
-        state = "interrupted"
+        @contextmanager
+        def draining(runner):
+            drainer = Drainer(ray, inbox, store, runner.cancel)
+            drainer.start()
+            try:
+                yield
+            finally:
+                drainer.stop()
+
         try:
-            with _stop_on_signals(runner.cancel):
-                progress = runner.run(items)
-            state = "finished"
-            return progress
-        except KeyboardInterrupt:
-            runner.cancel.set()
-            raise
+            return drive(settings, store, request, items, run_id, attempt, on_event, around=draining)
         finally:
-            drainer.stop()
-            store.finish_run(run_id, state)
             ray.kill(inbox)
