@@ -219,9 +219,11 @@ class LocalExecutor:
             h = Path(hidden).resolve()
             if h.is_dir() and any(h.is_relative_to(top) for top in SYSTEM_DIRS):
                 args += ["--tmpfs", str(h)]
+        # /tmp first: a toolchain that lives under /tmp (a checkout there, as in CI) is bound on top of it
+        args += ["--bind", str(self.tmp), "/tmp"]
         for tool in toolchain_paths():
             args += ["--ro-bind", str(tool), str(tool)]
-        return args + ["--bind", str(self.tmp), "/tmp", "--bind", str(self.root), WORKDIR, "--chdir", WORKDIR, "--"]
+        return args + ["--bind", str(self.root), WORKDIR, "--chdir", WORKDIR, "--"]
 
     def exec(self, command: str, timeout_s: float, output_limit: int = 20_000) -> ExecResult:
         started = time.monotonic()
