@@ -4,7 +4,7 @@
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA of all 74 problems on the GPU -> qa_full.json, eager_h200.json
-#   solutions  every shipped solution through the judge            -> h200.json
+#   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 for a slice) -> h200.json
 #   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb
@@ -21,7 +21,8 @@ for stage in "$@"; do
     qa) $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
-    solutions) $PY scripts/validate_solutions.py --out "$OUT/h200.json" 2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
+    solutions) $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
+          2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" 2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     bench) $PY -m mkb bench judge --repeats "${BENCH_REPEATS:-5}" --json > "$OUT/bench_judge.json" 2>> "$OUT/session.log" ;;
     reference) $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
