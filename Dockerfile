@@ -30,6 +30,7 @@ COPY problems /opt/mkb/problems
 COPY docs /opt/mkb/docs
 COPY artifact /opt/mkb/artifact
 COPY tests /opt/mkb/tests
+COPY scripts /opt/mkb/scripts
 RUN pip install -q --no-index --no-deps --no-build-isolation -e /opt/mkb && pip check \
  && useradd --create-home --uid 1000 mkb && mkdir -p /results && chown mkb /results
 # The agents' API reference, generated from the installed DSLs (never committed: upstream docstrings).
