@@ -20,10 +20,11 @@ install: $(STAMP)
 
 # Everything but torch comes from requirements.lock (hash-pinned, shared with the Docker image;
 # regenerate with scripts/lock.sh). torch's build is chosen per machine: TORCH_SPEC (default the
-# CPU wheel these machines carry; a GPU machine sets e.g. TORCH_SPEC='torch==2.11.0').
+# CPU wheel these machines carry; a GPU machine sets e.g. TORCH_SPEC='torch==2.11.0'). torch comes with its
+# own dependencies (a CUDA build needs its nvidia-* runtime wheels); the lock then pins the shared ones.
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-deps "$${TORCH_SPEC:-torch==2.13.0}"
+	$(PY) -m pip install -q "$${TORCH_SPEC:-torch==2.13.0}"
 	$(PY) -m pip install -q --require-hashes --no-deps -r requirements.lock
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	$(PY) -m pip check
