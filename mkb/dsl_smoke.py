@@ -14,8 +14,9 @@ def _arch() -> str:
     import torch
 
     if torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        return f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
+        from mkb.environment import gpu_arch
+
+        return gpu_arch(*torch.cuda.get_device_capability())
     return os.environ.get("MKB_ARCH", "sm_90a")
 
 

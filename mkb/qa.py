@@ -207,3 +207,12 @@ def _shape_only(obj):
     if isinstance(obj, torch.Tensor):
         return torch.empty(obj.shape, dtype=torch.bool, device="meta")
     return obj
+
+
+def check_problems(infos: list[ProblemInfo], scale: str = "smoke", device: str = "cpu"):
+    """check_problem for each problem in turn, yielding (problem, report); the GPU cache is emptied between
+    problems so one full-scale problem's buffers never crowd the next."""
+    for info in infos:
+        report = check_problem(info, scale=scale, device=device)
+        _free(device)
+        yield info, report

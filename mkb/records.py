@@ -67,6 +67,11 @@ class Arm(StrEnum):
         return self.source is not None
 
 
+def trial_id(problem_id: str, replicate: int, arm: Arm) -> str:
+    """The protocol's trial id, p<NN>_r<k>_<arm> (DESIGN §1), e.g. p07_r1_cutedsl2tirx_skill."""
+    return f"{problem_id}_r{replicate}_{arm}"
+
+
 class Status(StrEnum):
     """Outcome of grading one kernel (DESIGN §5)."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mkb import environment
 from mkb.problems import catalog_for
-from mkb.qa import check_problem
+from mkb.qa import check_problems
 from mkb.settings import Settings
 from mkb.store import Store
 
@@ -55,9 +55,8 @@ def _qa_step(settings: Settings, store: Store, scale: str, device: str, env: dic
     catalog = catalog_for(settings.problems_dir)
     store.upsert_problems(catalog)
     failed = []
-    for info in catalog:
-        log.info("QA %s (%s, %s)", info.id, scale, device)
-        report = check_problem(info, scale=scale, device=device)
+    for info, report in check_problems(catalog, scale=scale, device=device):
+        log.info("QA %s (%s, %s): %s", info.id, scale, device, "ok" if report.ok else "FAILED")
         store.add_problem_check(report, env)
         if not report.ok:
             failed.append(info.id)

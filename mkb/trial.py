@@ -22,7 +22,7 @@ from mkb.agent.prompts import toolchain_versions
 from mkb.agent.tools import Grade
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, resolve
-from mkb.records import Arm, Dsl, ProblemInfo
+from mkb.records import Arm, Dsl, ProblemInfo, trial_id
 from mkb.settings import Settings
 from mkb.store import Store, now
 
@@ -37,10 +37,6 @@ def arm_for(dsl: Dsl, with_skill: bool) -> Arm:
     if not with_skill:
         return Arm(f"solo_{dsl}")
     return Arm.CUTEDSL2TIRX_SKILL if dsl == Dsl.TIRX else Arm.TIRX2CUTEDSL_SKILL
-
-
-def trial_id(problem: ProblemInfo, arm: Arm, replicate: int = 1) -> str:
-    return f"{problem.id}_r{replicate}_{arm}"
 
 
 def make_executor(sandbox: str, workspace: Path, settings: Settings, image: str) -> Executor:
@@ -84,7 +80,7 @@ def run_trial(store: Store, settings: Settings, problem: ProblemInfo, dsl: Dsl, 
     `finally`, so an interrupted attempt is recorded as such.
     """
     arm = arm_for(dsl, skill_text is not None)
-    tid, run_id, attempt_id = trial_id(problem, arm), uuid.uuid4().hex, uuid.uuid4().hex
+    tid, run_id, attempt_id = trial_id(problem.id, 1, arm), uuid.uuid4().hex, uuid.uuid4().hex
     skill_sha = hashlib.sha256(skill_text.encode()).hexdigest() if skill_text is not None else None
     parts = fingerprint_parts(problem, dsl, settings, budget, skill_sha)
     workspace = prepare_workspace(problem, dsl, settings.home / "attempts" / attempt_id / "workspace",

@@ -137,7 +137,7 @@ def problems_check(ctx, ids, scale, device, family, record, json_=False, csv_=Fa
     """
     from mkb import environment
     from mkb.errors import MkbError
-    from mkb.qa import check_problem
+    from mkb.qa import check_problems
 
     settings, cat = _catalog(ctx)
     chosen = catalog_mod.select(list(ids), cat, list(family) or None)
@@ -146,14 +146,8 @@ def problems_check(ctx, ids, scale, device, family, record, json_=False, csv_=Fa
 
         if not torch.cuda.is_available():
             raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu, or run on a GPU machine.")
-    reports = []
-    for info in chosen:
-        with console.status(f"checking {info.id} ({scale}, {device})"):
-            reports.append(check_problem(info, scale=scale, device=device))
-        if device == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+    with console.status(f"checking {len(chosen)} problems ({scale}, {device})"):
+        reports = [report for _, report in check_problems(chosen, scale=scale, device=device)]
     if record:
         from mkb.store import Store
 

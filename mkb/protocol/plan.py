@@ -7,7 +7,7 @@ import hashlib
 import json
 from enum import StrEnum
 
-from mkb.records import Arm, ProblemInfo, Record
+from mkb.records import Arm, ProblemInfo, Record, trial_id
 
 FINISHED_STATES = {"finished", "skipped"}
 """Trial states that count as done (a skipped skill trial is a result: no SKILL.md to transfer)."""
@@ -71,11 +71,11 @@ class TrialSpec(Record):
 
     @property
     def trial_id(self) -> str:
-        return f"{self.problem.id}_r{self.replicate}_{self.arm}"
+        return trial_id(self.problem.id, self.replicate, self.arm)
 
     @property
     def source_trial_id(self) -> str | None:
-        return None if self.arm.source is None else f"{self.problem.id}_r{self.replicate}_{self.arm.source}"
+        return None if self.arm.source is None else trial_id(self.problem.id, self.replicate, self.arm.source)
 
 
 class PlanItem(Record):
