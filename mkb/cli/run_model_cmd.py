@@ -14,7 +14,7 @@ from mkb.records import FAMILIES, Arm
 class _Live:
     """The progress view: a rich Live table on a terminal, plain log lines otherwise."""
 
-    def __init__(self, total_hint: int):
+    def __init__(self):
         self.pool = None
         self.started = time.monotonic()
         self.live = None
@@ -122,7 +122,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
                  columns=["trial", "action", "reason"])
             return
         items = protocol.check_stale(items, rerun_stale)
-        view = _Live(len(items))
+        view = _Live()
         started = time.monotonic()
         with view:
             if on_ray:

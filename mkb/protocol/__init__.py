@@ -15,7 +15,7 @@ from mkb import environment
 from mkb.agent.budget import Budget
 from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
-from mkb.problems import ProblemInfo, catalog_for, select
+from mkb.problems import catalog_for, select
 from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
 from mkb.protocol.plan import Action, FingerprintParts, PlanItem, TrialSpec, expand, plan
 from mkb.protocol.pool import JudgePool
@@ -165,11 +165,6 @@ def drive(settings: Settings, store: Store, request: RunRequest, items: list[Pla
         store.finish_run(run_id, state)
 
 
-def trials_of(items: list[PlanItem], action: Action | None = None) -> list[str]:
-    """Trial ids of the plan, optionally of one action."""
-    return [i.spec.trial_id for i in items if action is None or i.action == action]
-
-
 def judge_grader(settings, device: str):
     """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
     from mkb.judge import grade
@@ -189,4 +184,4 @@ def executor_factory(sandbox: str, image: str, settings: Settings):
     hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`."""
     return lambda workdir: make_executor(sandbox, workdir, settings, image)
 
-__all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "ORACLE", "ProblemInfo"]
+__all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "drive", "ORACLE"]
