@@ -1,6 +1,9 @@
 """Render docs/solutions.md from the recorded H200 check of the shipped solutions (no hand-typed numbers).
 
 Usage: python scripts/solutions_table.py [problems/solutions/h200_standalone_check.json] [docs/solutions.md]
+
+The judge's gradings (problems/solutions/h200.json, from scripts/validate_solutions.py) follow as a
+second table, with the shipped variants not graded yet listed after it.
 """
 
 import json
@@ -10,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mkb.problems import catalog_for  # noqa: E402
+from validate_solutions import markdown_table, shipped  # noqa: E402  (scripts/ is this file's directory)
 
 CEILINGS = {"bytes_per_s": 4.3e12, "fp8": 1580e12, "bf16": 790e12, "fp32": 60e12}
 """H200 ceilings: measured device-to-device copy (4.3 TB/s) and dense tensor-core/CUDA-core rates."""
@@ -41,7 +45,29 @@ def main(src: Path, out: Path) -> None:
         frac = sol_ms(info) / r["kernel_ms"] if r.get("kernel_ms") else None
         lines.append(f"| {r['problem']}{star} | {info.family} | {r['dsl']} | {r['status']} | {r['kernel_ms']:.4f} | "
                      f"{r['eager_ms']:.3f} | {r['speedup']:.2f} | {'' if frac is None else f'{frac:.2f}'} |")
+    lines += judged(ROOT / "problems/solutions/h200.json")
     out.write_text("\n".join(lines) + "\n")
+
+
+def judged(src: Path) -> list[str]:
+    """The judge-graded section: every record of src, then the shipped variants it lacks."""
+    if not src.exists():
+        return []
+    records = json.loads(src.read_text())
+    graded = {(r["problem"], r["dsl"]) for r in records}
+    missing = [f"{pid} {dsl}" for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"]) if (pid, dsl) not in graded]
+    banded = [f"{r['problem']} {r['dsl']}" for r in records if "trusted clock" in r.get("message", "")]
+    when = sorted({r["graded_at"][:10] for r in records if r.get("graded_at")})
+    lines = ["", "## Graded by the judge", "",
+             f"`mkb.judge.grade` (the `mkb verify` path) on the H200, full scale, paper timing, graded "
+             f"{', '.join(when)}; records in `{src.relative_to(ROOT)}` (`scripts/validate_solutions.py`). "
+             f"{sum(r['status'] == 'passed' for r in records)} of {len(records)} graded variants passed.",
+             "", markdown_table(records), "", "Not graded yet: " + (", ".join(missing) or "none") + "."]
+    if banded:
+        lines += ["", "Failed by the trusted-clock band of the judge's timing cross-check, recalibrated after this "
+                  "run (0.1 ms -> 0.3 ms floor, plus a device-busy-time check; docs/judge.md); to be graded again: "
+                  + ", ".join(banded) + "."]
+    return lines
 
 
 if __name__ == "__main__":

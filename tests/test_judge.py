@@ -212,3 +212,45 @@ def test_trace_summary_assigns_uncorrelated_driver_launches_to_their_call():
               {"cat": "kernel", "name": "fill", "ts": 29, "dur": 1, "args": {"correlation": 9, "stream": 7}}]
     summary = trace.summarize(events)
     assert [k["name"] for k in summary["kernels"]] == ["kernel_cutlass_x_0"] and summary["escaped"] == []
+
+
+def test_busy_time_counts_concurrent_kernels_once():
+    from mkb.judge.trace import busy_us
+
+    assert busy_us([]) == 0
+    assert busy_us([(0, 10), (2, 6), (12, 15)]) == 13
+    assert busy_us([(5, 9), (0, 6)]) == 9
+
+
+def _timing(self_ms, trusted_ms, busy_ms=None, tail_ms=0.28, device_ms=None):
+    kernel = {"ms": trusted_ms, "tail_ms": tail_ms, "self_reported_ms": self_ms}
+    null = {"ms": 0.35, "tail_ms": 0.277}
+    calls = ([{"device_us": (device_ms or busy_ms) * 1e3, "busy_us": busy_ms * 1e3, "span_us": busy_ms * 1e3}]
+             if busy_ms else [])
+    return kernel, null, {"ok": bool(calls), "calls": calls}
+
+
+@pytest.mark.parametrize("self_ms, trusted_ms, busy_ms, device_ms", [
+    (0.1177, 0.2080, 0.1161, None),  # p28 CuTe DSL solution on the H200
+    (0.4280, 0.4212, 0.5254, None),  # p01 CuTe DSL: profiled calls slower than timed ones
+    (21.548, 21.819, 16.540, None),  # p44 CuTe DSL
+    (0.1085, 0.2570, None, None),    # p19 TIRx: the 0.15 ms context-switch gap that a 0.1 ms floor failed
+    (0.1332, 0.3275, None, None),    # p49 CuTe DSL, gap 0.19 ms
+    (1.0, 1.05, 0.95, 1.9),          # two joined 0.95 ms kernels on two streams: busy time counts, not the sum
+])
+def test_honest_timings_measured_on_the_h200_pass(self_ms, trusted_ms, busy_ms, device_ms):
+    from mkb.judge.speed import timing_violation
+
+    assert timing_violation(*_timing(self_ms, trusted_ms, busy_ms, device_ms=device_ms)) is None
+
+
+@pytest.mark.parametrize("self_ms, trusted_ms, busy_ms, tail_ms, words", [
+    (0.02, 2.2, None, 0.3, "trusted clock"),        # timers patched to report almost nothing
+    (0.05, 0.30, 0.28, 0.3, "kept the GPU busy"),   # 0.25 ms hidden on a side stream: inside the band, seen here
+    (2.2, 2.2, 2.0, 3.0, "after solve() returned"),  # side-stream work left running after return
+])
+def test_hidden_work_and_patched_timers_are_violations(self_ms, trusted_ms, busy_ms, tail_ms, words):
+    from mkb.judge.speed import timing_violation
+
+    message = timing_violation(*_timing(self_ms, trusted_ms, busy_ms, tail_ms))
+    assert message is not None and words in message

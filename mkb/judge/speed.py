@@ -26,10 +26,17 @@ TAIL_ALLOWANCE, TAIL_FLOOR_MS = 0.5, 0.5
 
 Measured on the H200: an honest 0.15 ms kernel showed 0.12 ms more tail than an empty call
 (context switches between the processes' CUDA contexts), a hidden 5 ms side stream 2.7 ms."""
-BAND_FRACTION, BAND_FLOOR_MS = 0.25, 0.1
+BAND_FRACTION, BAND_FLOOR_MS = 0.25, 0.3
 """The candidate's in-process figure is accepted when it is at least the trusted figure minus
-max(this fraction of it, the floor); measured on the H200 the trusted figure ran 0.01-0.05 ms above
-the in-process one for honest kernels of 0.26-4.3 ms."""
+max(this fraction of it, the floor). Measured on the H200 (2026-12-02, 25 gradings of honest
+kernels of 0.07-22 ms): the trusted figure ran 0.02-0.19 ms above the in-process one, the most
+for kernels under 0.15 ms, where switching between the processes' CUDA contexts dominates; a
+0.1 ms floor failed three honest solutions (gaps 0.14, 0.15, 0.19 ms)."""
+DEVICE_FRACTION, DEVICE_FLOOR_MS = 0.6, 0.02
+"""The in-process figure must also cover the time the launched kernels kept the GPU busy (profiler;
+concurrent kernels counted once): at least this fraction of it minus the floor. Honest kernels on
+the H200 reported 0.82-1.31x their device time (profiled calls run a little slower); work hidden
+from the timed stream shows up here even when it is shorter than the band above."""
 
 
 def _eager(referee: Referee) -> wire.Channel:
@@ -119,20 +126,42 @@ def _device_ms(profile: dict) -> float | None:
     return sum(c["device_us"] for c in calls) / len(calls) / 1e3 if calls else None
 
 
+def _busy_ms(profile: dict) -> float | None:
+    """Per-call device time with concurrent kernels counted once (the union of their intervals)."""
+    calls = profile.get("calls") if profile.get("ok") else None
+    if not calls or any("busy_us" not in c for c in calls):
+        return None
+    return sum(c["busy_us"] for c in calls) / len(calls) / 1e3
+
+
 def _cross_check(kernel: dict, null: dict, profile: dict) -> None:
-    """The trusted window must contain the work: tail after solve() and profiler span stay inside it."""
+    """Raise POLICY_VIOLATION when timing_violation() finds the timed window does not hold the work."""
+    message = timing_violation(kernel, null, profile)
+    if message:
+        raise Failure(Status.POLICY_VIOLATION, message)
+
+
+def timing_violation(kernel: dict, null: dict, profile: dict) -> str | None:
+    """Why the candidate's timed window does not contain its work, or None.
+
+    kernel and null are timing.summarize()/null_figures() figures; profile is the candidate's profiler
+    reply. Four checks: the tail after solve() returned, the in-process figure against the trusted
+    bracket, the in-process figure against the launched kernels' device time, the kernels' span.
+    """
     tail_excess = kernel["tail_ms"] - null["tail_ms"]
     if tail_excess > max(TAIL_ALLOWANCE * kernel["ms"], TAIL_FLOOR_MS):
-        raise Failure(Status.POLICY_VIOLATION,
-                      f"GPU work kept running {tail_excess:.3f} ms after solve() returned (timed "
-                      f"{kernel['ms']:.3f} ms): launch on the current stream or join side streams before returning")
+        return (f"GPU work kept running {tail_excess:.3f} ms after solve() returned (timed {kernel['ms']:.3f} ms): "
+                f"launch on the current stream or join side streams before returning")
     self_ms = kernel.get("self_reported_ms")
     if self_ms is None or self_ms < kernel["ms"] - max(BAND_FRACTION * kernel["ms"], BAND_FLOOR_MS):
-        raise Failure(Status.POLICY_VIOLATION,
-                      f"the in-process timer reported {self_ms} ms against {kernel['ms']:.4f} ms on the "
-                      f"trusted clock: timers were tampered with, or work escaped the timed stream")
+        return (f"the in-process timer reported {self_ms} ms against {kernel['ms']:.4f} ms on the trusted clock: "
+                f"timers were tampered with, or work escaped the timed stream")
+    busy_ms = _busy_ms(profile)
+    if busy_ms is not None and self_ms < DEVICE_FRACTION * busy_ms - DEVICE_FLOOR_MS:
+        return (f"the in-process timer reported {self_ms:.4f} ms but the launched kernels kept the GPU busy "
+                f"{busy_ms:.4f} ms per call: work escaped the timed stream")
     spans = [c["span_us"] / 1e3 for c in (profile.get("calls") or [])] if profile.get("ok") else []
     if spans and min(spans) > 2 * kernel["ms"] + 0.05:
-        raise Failure(Status.POLICY_VIOLATION,
-                      f"the launched kernels span {min(spans):.3f} ms per call but the timed window was "
-                      f"{kernel['ms']:.3f} ms: work escapes the timed stream")
+        return (f"the launched kernels span {min(spans):.3f} ms per call but the timed window was "
+                f"{kernel['ms']:.3f} ms: work escapes the timed stream")
+    return None

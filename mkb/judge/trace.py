@@ -83,6 +83,16 @@ def _latest(ranges: list[tuple], ts: float) -> tuple | None:
     return started[-1] if started else None
 
 
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: device time with concurrent kernels counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def _per_call(kernels: list[dict]) -> dict:
     solve_ranges = sorted({k["range"][0] for k in kernels if k["range"][1] == "mkb_solve"})
     markers = sorted((k["range"][0], k) for k in kernels if k["range"][1] == "mkb_marker")
@@ -92,6 +102,7 @@ def _per_call(kernels: list[dict]) -> dict:
         marker = next((m for s, m in markers if s > start), None)
         first, last = min(k["ts"] for k in mine), max(k["ts"] + k["dur"] for k in mine)
         calls.append({"kernels": len(mine), "device_us": sum(k["dur"] for k in mine if k["cat"] == "kernel"),
+                      "busy_us": busy_us([(k["ts"], k["ts"] + k["dur"]) for k in mine if k["cat"] == "kernel"]),
                       "span_us": last - first})
         if marker is not None:
             escaped += [k["name"] for k in mine
