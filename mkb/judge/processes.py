@@ -33,7 +33,7 @@ class Evaluation:
     def __init__(self, problem, kernel: Path, dsl: Dsl, device: str, timing: str, scale: str,
                  settings: Settings, workdir: str, isolate_network: bool = True, visible_devices: str | None = None):
         self.settings, self.workdir, self.device = settings, workdir, device
-        self.isolate_network, self.visible_devices = isolate_network, visible_devices
+        self.isolate_network, self.visible_devices, self.start_s = isolate_network, visible_devices, None
         stage = Path(workdir, "kernel")
         stage.mkdir()
         shutil.copyfile(kernel, stage / "kernel.py")
@@ -95,7 +95,10 @@ class Evaluation:
     def supervise(self, timeout_s: float, now: Callable[[], float]) -> tuple[dict, dict, str]:
         """Wait for the verdict under the startup and hard timeouts; kill everything at the end."""
         try:
-            outcome = self._wait_ready(now) or self._wait_verdict(timeout_s, now)
+            started = now()
+            outcome = self._wait_ready(now)
+            self.start_s = round(now() - started, 3)
+            outcome = outcome or self._wait_verdict(timeout_s, now)
         finally:
             for child in self.children.values():
                 if child.popen.poll() is None:
@@ -137,7 +140,8 @@ class Evaluation:
         referee, candidate = self.children["referee"], self.children["candidate"]
         log_tail = candidate.stderr.text(max_bytes=LOG_TAIL_CHARS)
         details = {"isolation": candidate.isolation, "processes": {n: c.describe_exit() for n, c in self.children.items()},
-                   "candidate_output_bytes": candidate.stderr.total + candidate.stdout.total}
+                   "candidate_output_bytes": candidate.stderr.total + candidate.stdout.total,
+                   "processes_start_s": self.start_s}
         verdict = _last_json(referee.stdout.text())
         reported = _last_json(candidate.stdout.text())
         if outcome == "timeout":

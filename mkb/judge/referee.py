@@ -17,6 +17,7 @@ os.dup2(2, 1)
 
 import json  # noqa: E402
 import secrets  # noqa: E402
+import time  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -82,7 +83,19 @@ class Referee:
         self.factor = float(spec["problem"].get("tolerance_factor", 3.0))
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"])
         self.transport = Transport(self.device, spec["workdir"])
-        self.phase, self.details, self.draws = "startup", {"seeds": []}, []
+        self.details, self.draws = {"seeds": [], "phases_s": {}}, []
+        self._phase, self._since = "startup", time.monotonic()
+
+    @property
+    def phase(self) -> str:
+        """What the grading is doing now; entering a phase records the seconds the last one took."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, name: str) -> None:
+        now, spent = time.monotonic(), self.details["phases_s"]
+        spent[self._phase] = round(spent.get(self._phase, 0.0) + now - self._since, 3)
+        self._phase, self._since = name, now
 
     def inputs(self, seed: int) -> list:
         torch.manual_seed(seed)
@@ -105,8 +118,9 @@ class Referee:
         except Failure as f:
             return self.verdict(f.status, f.message, **f.details)
         except wire.WireError as exc:
-            return self.verdict(Status.CRASHED, f"the candidate process died during {self.phase} ({exc})",
-                                candidate_died=self.phase)
+            died_in = self.phase
+            return self.verdict(Status.CRASHED, f"the candidate process died during {died_in} ({exc})",
+                                candidate_died=died_in)
         except timing.TimingError as exc:
             status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED,
                       "infra_error": Status.INFRA_ERROR}.get(exc.kind, Status.RUNTIME_ERROR)
@@ -125,6 +139,7 @@ class Referee:
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"])
         if self.dsl_applicable():
             evidence.knockout_changed = self.knockout(first_out, first_tree)
+        self.phase = "policy"
         evidence.report = self.report()
         self.enforce(policy.judge(evidence), final=self.device != "cuda" or self.spec["timing"] == "none")
         timings = {}
@@ -137,7 +152,8 @@ class Referee:
 
     def correctness(self) -> tuple[Any, dict]:
         """Five draws on fresh inputs; stops at the first failure."""
-        self.phase, self.details["dsl_calls"] = "correctness", []
+        self.phase = "correctness"
+        self.details["dsl_calls"] = []
         out_digests, ref_digests, first = [], [], None
         for d in range(N_DRAWS):
             seed = secrets.randbits(63)
@@ -226,6 +242,7 @@ class Referee:
         return result
 
     def verdict(self, status: Status, message: str, **extra) -> dict:
+        self.phase = "verdict"
         details = dict(self.details)
         details.update({k: v for k, v in extra.items() if k not in ("kernel_ms", "eager_ms", "speedup")})
         record = {"status": str(status), "message": message, "draws": [d.model_dump() for d in self.draws],

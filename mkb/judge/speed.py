@@ -60,6 +60,7 @@ def _set_bytes(inputs) -> int:
 def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate."""
     mode = referee.spec["timing"]
+    referee.phase = "timing: eager"
     eager = _eager(referee)
     probe = referee.inputs(secrets.randbits(63))
     pool = timing.Pool(make=referee.inputs, share=lambda t, tag: wire.ipc_share(t),
@@ -77,6 +78,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
         eager.send({"cmd": "finish"})
     except (wire.WireError, timing.TimingError) as exc:
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
+    referee.phase = "timing: kernel"
     c_slot_tree, c_slots = referee.transport.slots(like, "tc")
     c_bracket = timing.Bracket(referee.c, pool, c_slot_tree)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
@@ -89,8 +91,10 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     kernel_runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     clocks_after = timing.clocks()
     referee.c.spin = False
+    referee.phase = "timing: re-check"
     _recheck(referee, snapshots)
     kernel, eager_fig = timing.summarize(kernel_runs, null, floor), timing.summarize(eager_runs, null, floor)
+    referee.phase = "timing: profile"
     profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED})
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
