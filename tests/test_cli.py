@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 import pytest
@@ -134,13 +135,14 @@ def test_reproduce_on_cpu_validates_and_records(mkb_home, monkeypatch, tmp_path)
     result = run("reproduce")
     assert result.exit_code == 0, result.stderr
     assert "none visible" in result.stderr and "skipped" in result.stderr
+    expected = len(list((Path(__file__).resolve().parent.parent / "artifact/expected/tables").iterdir()))
+    assert f"{expected}/{expected} tables identical" in result.stderr + result.stdout
     rows = json.loads(run("db", "query", "SELECT count(*) AS n FROM problem_checks WHERE ok", "--json").stdout)
     assert rows == [{"n": len(CATALOG)}]
 
 
 def test_readme_settings_table_matches_the_schema():
     import importlib.util
-    from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     spec = importlib.util.spec_from_file_location("render_readme", root / "scripts" / "render_readme.py")
