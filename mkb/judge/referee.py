@@ -65,6 +65,20 @@ class Transport:
         return _map(tensors, lambda t: t.detach().cpu().clone())
 
 
+KEEP_ON_DEVICE_FRACTION = 0.1
+"""Reference and anchor stay on the GPU while they take at most this fraction of its memory (14 GB on
+an H200); the problems' own peaks are at most 28 GB there, their fp64 anchors up to 56 GB (p06)."""
+
+
+def keep_on_device(nbytes: int, device_bytes: int) -> bool:
+    """Whether a draw's reference and anchor (nbytes together) stay on the GPU for the comparison."""
+    return nbytes <= KEEP_ON_DEVICE_FRACTION * device_bytes
+
+
+def _nbytes(obj: Any) -> int:
+    return sum(t.numel() * t.element_size() for _, t in tt.flatten(obj) if isinstance(t, torch.Tensor))
+
+
 def _map(obj: Any, fn) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_map(o, fn) for o in obj)
@@ -102,10 +116,21 @@ class Referee:
         return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
 
     def reference(self, inputs: list) -> tuple[Any, Any]:
-        """The reference output and the fp64 anchor, both moved to CPU (nothing private stays on the GPU)."""
+        """The reference output and the fp64 anchor, private to this process.
+
+        On a GPU they stay there when they are small (keep_on_device), so the comparison runs on the
+        GPU: comparing p28's two 14509x4096 outputs in float64 on the host took 3.7 s per draw, most of
+        a grading. Large ones move to the host, leaving the candidate the GPU memory it had before.
+        Another process cannot reach this one's device memory: the candidate only gets IPC handles of
+        the inputs and the output slots.
+        """
         with tt.strict_precision():
             ref = self.problem.reference(*inputs)
             anchor = self.problem.reference(*tt.to_anchor(inputs))
+        if self.device == "cuda":
+            device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            if keep_on_device(_nbytes(ref) + _nbytes(anchor), device_bytes):
+                return _map(ref, lambda t: t.detach().clone()), _map(anchor, lambda t: t.detach())
         return _map(ref, lambda t: t.detach().cpu()), _map(anchor, lambda t: t.detach().cpu())
 
     def ask(self, message: dict) -> dict:
