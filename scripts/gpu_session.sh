@@ -5,9 +5,10 @@
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA of all 74 problems on the GPU -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 for a slice) -> h200.json
-#   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json
+#   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
-#   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb
+#   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
+#              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   docs       the DSL manuals' examples on the GPU                 -> docs_h200.json
 set -uo pipefail
 OUT=${OUT:-/tmp/mkb-out}
@@ -23,9 +24,12 @@ for stage in "$@"; do
         $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
-    judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" 2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
+    judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
+          2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     bench) $PY -m mkb bench judge --repeats "${BENCH_REPEATS:-5}" --json > "$OUT/bench_judge.json" 2>> "$OUT/session.log" ;;
-    reference) $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
+    reference) [ -n "${REF_FRESH:-}" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
+          || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"   # resume: finished trials are reused
+        $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
     docs) $PY scripts/gpu_docs_check.py "$OUT/docs_h200.json" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
