@@ -3,7 +3,7 @@
 # Run from the repository root on the device machine, after the toolchains are installed:
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
-#   qa         full-scale problem QA of all 74 problems on the GPU -> qa_full.json, eager_h200.json
+#   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 for a slice) -> h200.json
 #   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
@@ -19,8 +19,9 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
 for stage in "$@"; do
   log "stage $stage"
   case $stage in
-    qa) $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
-          > "$OUT/qa_full.json" 2>> "$OUT/session.log"
+    qa) cp problems/eager_h200.json "$OUT/eager_h200.json"   # rows of problems outside this slice are kept
+        $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
+          ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
