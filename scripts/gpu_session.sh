@@ -4,7 +4,7 @@
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
-#   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 for a slice) -> h200.json
+#   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
 #   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
@@ -23,7 +23,9 @@ for stage in "$@"; do
         $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
-    solutions) $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
+    solutions) cp problems/solutions/h200.json "$OUT/h200.json" 2>/dev/null   # --merge keeps the other records
+        $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
+          ${SOL_DSL:+--dsl "$SOL_DSL"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
