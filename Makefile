@@ -37,9 +37,11 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
-# Ray is an optional extra (pinned in pyproject.toml), not in requirements.lock: CI runs these on demand.
+# Ray is an optional extra: requirements-ray.lock pins it and its dependencies with hashes (the rest as in
+# requirements.lock; scripts/lock.sh writes both). CI runs these after `make test`.
 test-ray: $(STAMP)
-	$(PY) -m pip install -q --no-build-isolation -e '.[ray]'
+	$(PY) -m pip install -q --require-hashes --no-deps -r requirements-ray.lock
+	$(PY) -m pip check
 	$(PY) -m pytest -q -m ray tests/test_ray.py
 
 reproduce: $(STAMP)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate requirements.lock: every dependency of mkb (and its dev extra) pinned with sha256 hashes,
-# for Python 3.11 and 3.12 on Linux, shared by `make install` and the Docker image's wheelhouse.
+# for Python 3.11 and 3.12 on Linux, shared by `make install` and the Docker image's wheelhouse; and
+# requirements-ray.lock: the same plus the ray extra, constrained to requirements.lock (`make test-ray`).
 # torch is the one exception: its build (CPU or a CUDA flavour) is chosen per machine with TORCH_SPEC,
 # so torch itself, its CUDA runtime wheels and triton are left out of the lock.
 set -euo pipefail
@@ -15,4 +16,6 @@ args=()
 for p in "${exclude[@]}"; do args+=(--no-emit-package "$p"); done
 "$UV" pip compile pyproject.toml --extra dev --universal --python-version 3.11 \
   --generate-hashes --no-header "${args[@]}" -o requirements.lock
-echo "wrote requirements.lock ($(grep -c '==' requirements.lock) pins)"
+"$UV" pip compile pyproject.toml --extra dev --extra ray --universal --python-version 3.11 -c requirements.lock \
+  --generate-hashes --no-header "${args[@]}" -o requirements-ray.lock
+echo "wrote requirements.lock ($(grep -c '==' requirements.lock) pins), requirements-ray.lock ($(grep -c '==' requirements-ray.lock) pins)"
