@@ -18,6 +18,11 @@ def flatten(obj: Any, path: str = "out") -> list[tuple[str, Any]]:
     return [(path, obj)]
 
 
+def nbytes(obj: Any) -> int:
+    """Bytes held by the tensors of a nested structure."""
+    return sum(t.numel() * t.element_size() for _, t in flatten(obj) if isinstance(t, torch.Tensor))
+
+
 def describe(obj: Any) -> Any:
     """A JSON-able signature of a structure: containers, and shape/dtype/device of each tensor."""
     if isinstance(obj, (tuple, list)):

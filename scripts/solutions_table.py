@@ -13,17 +13,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from mkb.problems import catalog_for  # noqa: E402
-from validate_solutions import markdown_table, shipped  # noqa: E402  (scripts/ is this file's directory)
+from validate_solutions import markdown_table, shipped, sol_ms  # noqa: E402  (scripts/ is this file's directory)
 
-CEILINGS = {"bytes_per_s": 4.3e12, "fp8": 1580e12, "bf16": 790e12, "fp32": 60e12}
-"""H200 ceilings: measured device-to-device copy (4.3 TB/s) and dense tensor-core/CUDA-core rates."""
 EXPERTS = {"p01", "p25", "p28", "p49", "p52", "p72"}
 """One fully fused DSL kernel per family (the others may keep GEMMs or glue in eager PyTorch)."""
-
-
-def sol_ms(info) -> float:
-    rate = CEILINGS.get(info.dtype, CEILINGS["bf16"])
-    return 1e3 * max(info.sol_bytes / CEILINGS["bytes_per_s"], info.sol_flops / rate)
 
 
 def main(src: Path, out: Path) -> None:

@@ -14,6 +14,18 @@ SANDBOX_HELP = ("local: bubblewrap (falls back loudly to a plain subprocess); do
                 "none: no isolation.")
 
 
+def run_options(fn):
+    """--db, --device, --sandbox and --image: where an attempt (or its replay) is stored, graded and run."""
+    fn = click.option("--image", default="mkb:latest", envvar="MKB_IMAGE", show_default=True,
+                      help="Image for --sandbox docker.")(fn)
+    fn = click.option("--sandbox", type=click.Choice(["local", "docker", "none"]), default="local",
+                      envvar="MKB_SANDBOX", show_default=True, help=SANDBOX_HELP)(fn)
+    fn = click.option("--device", type=click.Choice(["cuda", "cpu"]),
+                      help="Where the judge runs kernels (default: auto); cpu grades at smoke scale, for tests.")(fn)
+    return click.option("--db", type=click.Path(dir_okay=False),
+                        help="Results database (default: <home>/mkb.duckdb).")(fn)
+
+
 def _judge(device: str, settings):
     """grade_for(problem, dsl) -> grade(kernel_path) on the real judge; on the CPU at smoke scale (test mode)."""
     from mkb.protocol import judge_grader
@@ -57,12 +69,7 @@ def _summary(recorded) -> dict:
 @click.option("--skill", type=click.Path(exists=True, dir_okay=False), help="A SKILL.md to transfer (runs the skill arm).")
 @click.option("--base-url", help="OpenAI-compatible endpoint; overrides the provider's (env MKB_BASE_URL).")
 @click.option("--api-key-env", help="Variable holding the API key (default: the provider's, e.g. OPENROUTER_API_KEY).")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: <home>/mkb.duckdb).")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]),
-              help="Where the judge runs kernels (default: auto); cpu grades at smoke scale, for tests.")
-@click.option("--sandbox", type=click.Choice(["local", "docker", "none"]), default="local", envvar="MKB_SANDBOX",
-              show_default=True, help=SANDBOX_HELP)
-@click.option("--image", default="mkb:latest", envvar="MKB_IMAGE", show_default=True, help="Image for --sandbox docker.")
+@run_options
 @click.option("--budget-min", type=float, default=40.0, show_default=True, help="Agent wall clock in minutes.")
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions allowed.")
 @click.option("--max-turns", type=int, help="Cap on model replies.")
@@ -117,12 +124,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
 
 @click.command(name="replay")
 @click.argument("trial_or_attempt")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: <home>/mkb.duckdb).")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]),
-              help="Where the judge runs kernels (default: auto); cpu grades at smoke scale, for tests.")
-@click.option("--sandbox", type=click.Choice(["local", "docker", "none"]), default="local", envvar="MKB_SANDBOX",
-              show_default=True, help=SANDBOX_HELP)
-@click.option("--image", default="mkb:latest", envvar="MKB_IMAGE", show_default=True, help="Image for --sandbox docker.")
+@run_options
 @output_options
 @click.pass_context
 def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=False):

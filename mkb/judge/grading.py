@@ -26,14 +26,18 @@ from mkb.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 
-_NETNS_BREAKS_CUDA: str | None = None
-"""Why CUDA failed inside a network namespace, once seen STICKY_AFTER times in this process; later GPU
-gradings then skip the namespace."""
-_netns_failures = 0
+_NETNS_FAILURES: list[str] = []
+"""Why CUDA failed inside a network namespace, each time it did in this process."""
 STICKY_AFTER = 2
-"""On the H200 (2026-12-02) 23 gradings ran inside the namespace, then one failed to start there
-(a CUDA IPC producer gone) and passed outside it; with a sticky first failure every later grading
-of that run lost its network isolation. One failure re-grades that kernel only."""
+"""After this many such failures later GPU gradings skip the namespace. On the H200 (2026-12-02) 23
+gradings ran inside the namespace, then one failed to start there (a CUDA IPC producer gone) and
+passed outside it; with a sticky first failure every later grading of that run lost its network
+isolation. One failure re-grades that kernel only."""
+
+
+def _netns_breaks_cuda() -> str | None:
+    """The reason to skip the namespace for every grading from now on, or None."""
+    return _NETNS_FAILURES[-1] if len(_NETNS_FAILURES) >= STICKY_AFTER else None
 
 
 def _netns_failure(verdict: dict, details: dict, log_tail: str) -> str | None:
@@ -85,20 +89,17 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
         return JudgeRecord(status=Status.POLICY_VIOLATION, message="; ".join(str(f) for f in findings[:5]),
                            details={"static": [f.__dict__ for f in findings]}, wall_s=now() - started, **base)
     timeout_s = float(timeout_s if timeout_s is not None else settings.judge_timeout_s)
-    global _NETNS_BREAKS_CUDA, _netns_failures
-    first_try = _NETNS_BREAKS_CUDA if device == "cuda" else None
+    first_try = _netns_breaks_cuda() if device == "cuda" else None
     for isolate_network in (False,) if first_try else (True, False):
         verdict, details, log_tail = _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s,
                                                isolate_network, visible_devices, now)
         failure = _netns_failure(verdict, details, log_tail) if device == "cuda" else None
         if failure is None:
             break
-        _netns_failures += 1
+        _NETNS_FAILURES.append(failure)
         first_try = failure
-        if _netns_failures >= STICKY_AFTER:
-            _NETNS_BREAKS_CUDA = failure
         log.warning("grading failed inside a network namespace (%s); grading again WITHOUT network isolation%s",
-                    failure[:200], " (and so for the rest of this process)" if _NETNS_BREAKS_CUDA else "")
+                    failure[:200], " (and so for the rest of this process)" if _netns_breaks_cuda() else "")
     if first_try is not None and not isolate_network:
         details["isolation"]["network"] = f"none: CUDA failed inside a network namespace ({first_try[:300]})"
     details.update(static=[], timeout_s=timeout_s, scale=scale, timing_mode=timing if device == "cuda" else "none",

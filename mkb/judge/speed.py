@@ -15,6 +15,7 @@ import secrets
 
 import torch
 
+from mkb import tensortree as tt
 from mkb.judge import checks, timing, wire
 from mkb.judge.referee import Failure, Referee
 from mkb.judge import policy
@@ -53,10 +54,6 @@ def _eager(referee: Referee) -> wire.Channel:
     return channel
 
 
-def _set_bytes(inputs) -> int:
-    return sum(t.numel() * t.element_size() for t in timing._tensors(inputs))
-
-
 def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate."""
     mode = referee.spec["timing"]
@@ -64,7 +61,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     eager = _eager(referee)
     probe = referee.inputs(secrets.randbits(63))
     pool = timing.Pool(make=referee.inputs, share=lambda t, tag: wire.ipc_share(t),
-                       size=timing.pool_size(_set_bytes(probe)))
+                       size=timing.pool_size(tt.nbytes(probe)))
     like, _ = referee.reference(pool.sets[0])
     flush = timing.flush_buffer() if mode == "flushed" else None
     try:
@@ -98,7 +95,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED})
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
-    device_ms = _device_ms(profile)
+    device_ms = _per_call_ms(profile, "device_us")
     _cross_check(kernel, null, profile)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     referee.details.update(
@@ -125,17 +122,12 @@ def _recheck(referee: Referee, snapshots: dict) -> None:
                           .removeprefix("draw 1: "))
 
 
-def _device_ms(profile: dict) -> float | None:
+def _per_call_ms(profile: dict, key: str) -> float | None:
+    """The mean over profiled calls of one per-call figure in microseconds (device_us, busy_us), in ms."""
     calls = profile.get("calls") if profile.get("ok") else None
-    return sum(c["device_us"] for c in calls) / len(calls) / 1e3 if calls else None
-
-
-def _busy_ms(profile: dict) -> float | None:
-    """Per-call device time with concurrent kernels counted once (the union of their intervals)."""
-    calls = profile.get("calls") if profile.get("ok") else None
-    if not calls or any("busy_us" not in c for c in calls):
+    if not calls or any(key not in c for c in calls):
         return None
-    return sum(c["busy_us"] for c in calls) / len(calls) / 1e3
+    return sum(c[key] for c in calls) / len(calls) / 1e3
 
 
 def _cross_check(kernel: dict, null: dict, profile: dict) -> None:
@@ -160,7 +152,7 @@ def timing_violation(kernel: dict, null: dict, profile: dict) -> str | None:
     if self_ms is None or self_ms < kernel["ms"] - max(BAND_FRACTION * kernel["ms"], BAND_FLOOR_MS):
         return (f"the in-process timer reported {self_ms} ms against {kernel['ms']:.4f} ms on the trusted clock: "
                 f"timers were tampered with, or work escaped the timed stream")
-    busy_ms = _busy_ms(profile)
+    busy_ms = _per_call_ms(profile, "busy_us")  # concurrent kernels counted once
     if busy_ms is not None and self_ms < DEVICE_FRACTION * busy_ms - DEVICE_FLOOR_MS:
         return (f"the in-process timer reported {self_ms:.4f} ms but the launched kernels kept the GPU busy "
                 f"{busy_ms:.4f} ms per call: work escaped the timed stream")
