@@ -45,7 +45,7 @@ test-ray: $(STAMP)
 	$(PY) -m pytest -q -m ray tests/test_ray.py
 
 reproduce: $(STAMP)
-	$(MKB) reproduce $(if $(MODEL),--model $(MODEL))
+	$(MKB) reproduce $(if $(MODEL),--model $(MODEL)) $(if $(PROBLEMS),--problems '$(PROBLEMS)')
 
 # The production image: CUDA 13 devel base pinned by digest, Python 3.12, wheels from requirements.lock.
 image:

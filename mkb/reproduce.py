@@ -64,15 +64,24 @@ def _qa_step(settings: Settings, store: Store, scale: str, device: str, env: dic
     return Step(f"problem QA ({scale}, {device})", not failed, summary + (f"; failed: {', '.join(failed)}" if failed else ""))
 
 
-def _protocol_step(settings: Settings, store: Store, model: str, device: str, base_url: str | None) -> Step:
+def _protocol_step(settings: Settings, store: Store, model: str, device: str, base_url: str | None,
+                   problems: list[str] | None) -> Step:
     from mkb import protocol
     from mkb.errors import MkbError
+    from mkb.problems import select
     from mkb.protocol.attempts import solution_path
     from mkb.records import DSLS
 
-    catalog = catalog_for(settings.problems_dir)
+    try:
+        catalog = select(problems, catalog_for(settings.problems_dir), None) if problems else catalog_for(
+            settings.problems_dir)
+    except MkbError as exc:
+        return Step(f"protocol ({model})", False, str(exc))
     if model == protocol.ORACLE:  # the oracle covers the problems that have a shipped solution in both DSLs
         ids = [p.id for p in catalog if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+        if not ids:
+            return Step(f"protocol ({model})", False, "no selected problem has a shipped solution in both DSLs; "
+                                                      "the oracle covers: " + ", ".join(_oracle_ids(settings)))
     else:
         ids = [p.id for p in catalog]
     slots = [str(g["index"]) for g in environment.gpus()] or ["cpu"]
@@ -87,6 +96,14 @@ def _protocol_step(settings: Settings, store: Store, model: str, device: str, ba
     return Step(f"protocol ({label})", not progress.by_state.get("infra_error"),
                 f"{progress.done} trials run, {progress.passed} passed, "
                 f"{len(items) - progress.total} reused, over {len(ids)} problems")
+
+
+def _oracle_ids(settings: Settings) -> list[str]:
+    from mkb.protocol.attempts import solution_path
+    from mkb.records import DSLS
+
+    return [p.id for p in catalog_for(settings.problems_dir)
+            if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
 
 
 def _report_step(db: Path, out: Path, name: str) -> tuple[Step, Path | None]:
@@ -116,8 +133,12 @@ def _compare_tables(out: Path) -> Step:
                 + (f"; differ: {', '.join(differ[:5])}" if differ else ""))
 
 
-def reproduce(settings: Settings, model: str | None = None, base_url: str | None = None) -> Reproduction:
-    """Run what this machine can; record it; report what was skipped and why."""
+def reproduce(settings: Settings, model: str | None = None, base_url: str | None = None,
+              problems: list[str] | None = None) -> Reproduction:
+    """Run what this machine can; record it; report what was skipped and why.
+
+    `problems` (ids or globs) narrows the protocol run, e.g. to fit a GPU session; QA always covers all
+    problems. Finished trials already in the database are reused, so slices add up to the full run."""
     env = environment.describe(with_gpu=True)
     gpu = env["gpus"][0]["name"] if env["gpus"] else None
     result = Reproduction(gpu=gpu)
@@ -131,7 +152,7 @@ def reproduce(settings: Settings, model: str | None = None, base_url: str | None
             result.steps.append(Step("problem QA (full, cuda)", True, "skipped: needs a CUDA GPU", skipped=True))
         if model or gpu:
             result.steps.append(_protocol_step(settings, store, model or "reference", "cuda" if gpu else "cpu",
-                                               base_url))
+                                               base_url, problems))
         else:
             result.steps.append(Step("protocol (reference oracle)", True,
                                      "skipped: grading kernels needs a CUDA GPU (or pass MODEL=... to run a model)",

@@ -1,6 +1,9 @@
 """Turn `mkb problems check --scale full --device cuda --json` output into problems/eager_h200.json.
 
-Usage: python scripts/eager_table.py QA_JSON OUT_JSON
+Usage: python scripts/eager_table.py QA_JSON|DB.duckdb OUT_JSON
+
+QA_JSON is that command's output; a DuckDB file (e.g. the one `mkb reproduce` wrote on the GPU) gives
+its latest full-scale CUDA check of each problem instead.
 
 When OUT_JSON exists its rows for the problems in QA_JSON are replaced and the others kept, so the
 full-scale QA can run in slices (`QA_FAMILY=moe bash scripts/gpu_session.sh qa`, one device call each).
@@ -16,11 +19,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mkb import environment  # noqa: E402
 
 
+def _reports(qa_path: str) -> tuple[list[dict], str]:
+    if not qa_path.endswith(".duckdb"):
+        return json.loads(Path(qa_path).read_text()), "mkb problems check --scale full --device cuda"
+    import duckdb
+
+    with duckdb.connect(qa_path, read_only=True) as con:
+        rows = con.execute("SELECT report FROM problem_checks WHERE scale = 'full' AND device = 'cuda' "
+                           "QUALIFY row_number() OVER (PARTITION BY problem_id ORDER BY created_at DESC) = 1 "
+                           "ORDER BY problem_id").fetchall()
+    return [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in rows], "mkb reproduce (full-scale QA step)"
+
+
 def main(qa_path: str, out_path: str) -> None:
     facts = environment.describe(with_gpu=True)
-    source = f"recorded: mkb problems check --scale full --device cuda, {dt.date.today().isoformat()}"
+    reports, how = _reports(qa_path)
+    if not reports:
+        sys.exit(f"{qa_path} holds no full-scale CUDA QA reports; nothing to write (run the QA on the GPU)")
+    source = f"recorded: {how}, {dt.date.today().isoformat()}"
     fresh = {}
-    for report in json.loads(Path(qa_path).read_text()):
+    for report in reports:
         fresh[report["problem"]] = {
             "problem": report["problem"], "ok": report["ok"], "eager_ms": report["eager_ms"],
             "peak_mem_gb": None if report["peak_mem_bytes"] is None else round(report["peak_mem_bytes"] / 1e9, 3),

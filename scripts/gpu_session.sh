@@ -2,6 +2,9 @@
 # One GPU session on the lent H200: run the named stages, write every record under $OUT.
 # Run from the repository root on the device machine, after the toolchains are installed:
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs
+# Stages that need more than one device call's 10 minutes run as one job that outlives the call:
+#   OUT=/tmp/mkb-job setsid bash scripts/gpu_session.sh solutions reproduce > /dev/null 2>&1 &
+# and later calls on the warm machine copy /tmp/mkb-job/* to their $OUT.
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
@@ -9,6 +12,11 @@
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
+#   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
+#              smoke (CPU) and full scale (GPU), protocol, report  -> mkb-h200.duckdb, eager_h200.json
+#   ray        the reference oracle on RAY_PROBLEMS (RAY_ARMS="solo_cutedsl solo_tirx" for some arms) through a local Ray instance (ray importable, e.g. from
+#              PYTHONPATH), compared with the local executor's trials in mkb-h200.duckdb -> mkb-ray.duckdb,
+#              ray_vs_local.json
 #   docs       the DSL manuals' examples on the GPU                 -> docs_h200.json
 set -uo pipefail
 OUT=${OUT:-/tmp/mkb-out}
@@ -23,7 +31,7 @@ for stage in "$@"; do
         $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
-    solutions) cp problems/solutions/h200.json "$OUT/h200.json" 2>/dev/null   # --merge keeps the other records
+    solutions) [ -f "$OUT/h200.json" ] || cp problems/solutions/h200.json "$OUT/h200.json"   # --merge keeps the others
         $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
           ${SOL_DSL:+--dsl "$SOL_DSL"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
@@ -34,6 +42,16 @@ for stage in "$@"; do
           || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"   # resume: finished trials are reused
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
+    reproduce) [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
+          || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"
+        $PY -m mkb --db "$OUT/mkb-h200.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
+          | tee "$OUT/reproduce.log" | tail -40 | tee -a "$OUT/session.log"
+        [ -f "$OUT/eager_h200.json" ] || cp problems/eager_h200.json "$OUT/eager_h200.json"
+        $PY scripts/eager_table.py "$OUT/mkb-h200.duckdb" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
+    ray) $PY -m mkb --db "$OUT/mkb-ray.duckdb" run-model reference --problems "${RAY_PROBLEMS:-p28}" --device cuda \
+          $(for a in ${RAY_ARMS:-}; do echo --arms "$a"; done) --executor ray --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tee "$OUT/ray.log" | tail -30 | tee -a "$OUT/session.log"
+        $PY scripts/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" 2>> "$OUT/session.log"
+        tail -c 600 "$OUT/ray_vs_local.json" | tee -a "$OUT/session.log" ;;
     docs) $PY scripts/gpu_docs_check.py "$OUT/docs_h200.json" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac

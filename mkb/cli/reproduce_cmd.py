@@ -12,8 +12,10 @@ from mkb.cli import console, emit, settings_from
 @click.command(name="reproduce")
 @click.option("--model", envvar="MODEL", help="Run this model's full protocol (provider/model) instead of the oracle.")
 @click.option("--base-url", envvar="MKB_BASE_URL", help="Endpoint for a plain model name.")
+@click.option("--problems", envvar="PROBLEMS", help="Only these problems in the protocol run (ids or globs, "
+              "comma-separated, e.g. 'p28,p25'); finished trials in the database are reused. QA covers all.")
 @click.pass_context
-def reproduce_cmd(ctx, model, base_url):
+def reproduce_cmd(ctx, model, base_url, problems):
     """Run every reproduction step this machine can, record it in the database, print a summary.
 
     On a GPU: problem QA (smoke and full scale), the `reference` oracle protocol, report and claims.
@@ -24,11 +26,13 @@ def reproduce_cmd(ctx, model, base_url):
 
     \b
         mkb reproduce
+        mkb reproduce --problems p28,p25    # the oracle on a slice (one GPU session)
     """
     from mkb.reproduce import reproduce
 
     settings = settings_from(ctx)
-    result = reproduce(settings, model=model, base_url=base_url)
+    result = reproduce(settings, model=model, base_url=base_url,
+                       problems=[p for p in (problems or "").split(",") if p] or None)
     console.print(f"GPU: {result.gpu or 'none visible (CPU-only steps)'}")
     emit([{"step": s.name, "result": "skipped" if s.skipped else "ok" if s.ok else "FAILED", "summary": s.summary}
           for s in result.steps], title="mkb reproduce")

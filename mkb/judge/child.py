@@ -10,7 +10,9 @@ line (its observations) on its real stdout, which is set aside before torch is i
 
 import os
 import sys
+import time
 
+_STARTED = time.monotonic()
 _REAL_STDOUT = os.dup(1)
 os.dup2(2, 1)  # whatever torch, the DSLs or the candidate print goes to stderr
 
@@ -20,6 +22,8 @@ import json  # noqa: E402
 import traceback  # noqa: E402
 
 import torch  # noqa: E402
+
+_TORCH_IMPORTED = time.monotonic()
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -72,13 +76,17 @@ class Candidate:
         if self.spec["role"] == "candidate":
             hooks.install(self.tracker, extra=guards.forbidden_callbacks(self.tracker))
             sys.meta_path.insert(0, _Blocker())
+        warm = time.monotonic()
         if self.device == "cuda":
             trace.warm_up()  # the profiler's imports (dynamo wraps torch.manual_seed, ...) happen before the snapshot
         self.integrity = guards.Integrity([wire, hooks, guards, trace, sys.modules["__main__"]])
+        startup_s = {"import_torch": round(_TORCH_IMPORTED - _STARTED, 3),
+                     "modules_and_hooks": round(warm - _TORCH_IMPORTED, 3),
+                     "warm_up_and_snapshot": round(time.monotonic() - warm, 3)}
         os.write(self.spec["ready_fd"], b"ready")
         os.close(self.spec["ready_fd"])
         self.channel.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
-                           "cuda": torch.cuda.is_available()})
+                           "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
         try:

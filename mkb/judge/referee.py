@@ -148,7 +148,8 @@ class Referee:
             return self.verdict(status, f"during timing: {exc}")
 
     def _run(self) -> dict:
-        hello = self.c.recv()
+        hello = self.c.recv()  # sent before kernel.py is imported: its facts are the harness's own
+        self.details["candidate_startup_s"] = hello.get("startup_s")
         if self.device == "cuda" and not hello.get("cuda"):
             raise Failure(Status.INFRA_ERROR, "CUDA is not available inside the candidate's sandbox")
         self.phase = "import"

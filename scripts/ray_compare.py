@@ -1,0 +1,105 @@
+"""Compare a `reference` run on the Ray executor with the local executor's run of the same trials.
+
+    python scripts/ray_compare.py LOCAL.duckdb RAY.duckdb [--model reference] > ray_vs_local.json
+
+For every finished trial of RAY.duckdb it prints the status and speedup in both databases and whether
+they agree. Statuses must be identical. Speedups agree when their relative difference is at most the
+judge's noise floor for that kernel, measured in the same databases: the largest relative spread
+between any two gradings of the same kernel source (feedback and final submissions, in either run),
+and never less than MIN_NOISE. Throughput is trials per hour of each run's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+import duckdb
+
+MIN_NOISE = 0.02
+"""The judge's repeatability target for kernels >= 50 us (issue #3): the least difference called noise."""
+
+
+def _trials(db: str, model: str) -> dict[str, dict]:
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.execute("SELECT trial_id, state, status, speedup, kernel_ms, wall_s, queue_s, attempt_id FROM trials "
+                           "WHERE model = ? AND state = 'finished'", [model]).fetchall()
+    keys = ("trial_id", "state", "status", "speedup", "kernel_ms", "wall_s", "queue_s", "attempt_id")
+    return {r[0]: dict(zip(keys, r)) for r in rows}
+
+
+def _gradings(db: str, model: str) -> dict[str, list[float]]:
+    """Speedups of every passed grading, by kernel source hash."""
+    with duckdb.connect(db, read_only=True) as con:
+        rows = con.execute("SELECT s.kernel_sha256, s.speedup FROM submissions s JOIN trials t USING (attempt_id) "
+                           "WHERE t.model = ? AND s.status = 'passed' AND s.speedup IS NOT NULL", [model]).fetchall()
+    by_kernel = defaultdict(list)
+    for sha, speedup in rows:
+        by_kernel[sha].append(speedup)
+    return by_kernel
+
+
+def _kernel_of(db: str, attempt_id: str) -> str | None:
+    with duckdb.connect(db, read_only=True) as con:
+        row = con.execute("SELECT kernel_sha256 FROM submissions WHERE attempt_id = ? ORDER BY n DESC LIMIT 1",
+                          [attempt_id]).fetchone()
+    return row[0] if row else None
+
+
+def _run_wall_s(db: str, model: str) -> float | None:
+    with duckdb.connect(db, read_only=True) as con:
+        row = con.execute("SELECT sum(epoch(finished_at) - epoch(started_at)) FROM runs WHERE model = ? AND "
+                          "finished_at IS NOT NULL", [model]).fetchone()
+    return row[0]
+
+
+def compare(local_db: str, ray_db: str, model: str = "reference") -> dict:
+    local, ray = _trials(local_db, model), _trials(ray_db, model)
+    spread: dict[str, list[float]] = defaultdict(list)
+    for db in (local_db, ray_db):
+        for sha, values in _gradings(db, model).items():
+            spread[sha] += values
+    rows = []
+    for trial_id, r in sorted(ray.items()):
+        lo = local.get(trial_id)
+        sha = _kernel_of(ray_db, r["attempt_id"])
+        values = spread.get(sha, [])
+        noise = max(MIN_NOISE, (max(values) - min(values)) / min(values) if len(values) > 1 else 0.0)
+        row = {"trial": trial_id, "status_ray": r["status"], "status_local": lo and lo["status"],
+               "speedup_ray": r["speedup"], "speedup_local": lo and lo["speedup"], "noise_floor": round(noise, 4),
+               "gradings_of_kernel": len(values), "wall_s_ray": r["wall_s"], "wall_s_local": lo and lo["wall_s"]}
+        if lo is None:
+            row["agree"], row["why"] = None, "no finished local trial to compare with"
+        elif r["status"] != lo["status"]:
+            row["agree"], row["why"] = False, "statuses differ"
+        elif r["speedup"] is None or lo["speedup"] is None:
+            row["agree"], row["why"] = r["speedup"] == lo["speedup"], "no speedup (not passed)"
+        else:
+            diff = abs(r["speedup"] - lo["speedup"]) / lo["speedup"]
+            row["rel_diff"] = round(diff, 4)
+            row["agree"], row["why"] = diff <= noise, f"speedups differ by {diff:.1%} (noise floor {noise:.1%})"
+        rows.append(row)
+    compared = [r for r in rows if r["agree"] is not None]
+    wall = {"ray": _run_wall_s(ray_db, model)}
+    return {"model": model, "trials": rows, "compared": len(compared), "agree": sum(bool(r["agree"]) for r in compared),
+            "ray_run_wall_s": wall["ray"],
+            "ray_trials_per_hour": round(3600 * len(ray) / wall["ray"], 1) if wall["ray"] else None,
+            "rule": f"identical status; |speedup_ray - speedup_local| / speedup_local <= max({MIN_NOISE}, largest "
+                    f"relative spread between gradings of the same kernel in either run)"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("local_db")
+    ap.add_argument("ray_db")
+    ap.add_argument("--model", default="reference")
+    args = ap.parse_args(argv)
+    result = compare(args.local_db, args.ray_db, args.model)
+    print(json.dumps(result, indent=1, default=str))
+    return 0 if result["compared"] and result["agree"] == result["compared"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
