@@ -69,21 +69,14 @@ def _protocol_step(settings: Settings, store: Store, model: str, device: str, ba
     from mkb import protocol
     from mkb.errors import MkbError
     from mkb.problems import select
-    from mkb.protocol.attempts import solution_path
-    from mkb.records import DSLS
 
     try:
-        catalog = select(problems, catalog_for(settings.problems_dir), None) if problems else catalog_for(
-            settings.problems_dir)
+        catalog = select(problems, catalog_for(settings.problems_dir), None)
+        if model == protocol.ORACLE:  # the oracle covers the problems that have a shipped solution in both DSLs
+            catalog = protocol.oracle_problems(settings, catalog)
     except MkbError as exc:
         return Step(f"protocol ({model})", False, str(exc))
-    if model == protocol.ORACLE:  # the oracle covers the problems that have a shipped solution in both DSLs
-        ids = [p.id for p in catalog if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
-        if not ids:
-            return Step(f"protocol ({model})", False, "no selected problem has a shipped solution in both DSLs; "
-                                                      "the oracle covers: " + ", ".join(_oracle_ids(settings)))
-    else:
-        ids = [p.id for p in catalog]
+    ids = [p.id for p in catalog]
     slots = [str(g["index"]) for g in environment.gpus()] or ["cpu"]
     request = protocol.RunRequest(model=model, problems=ids, slots=slots, base_url=base_url)
     try:
@@ -96,14 +89,6 @@ def _protocol_step(settings: Settings, store: Store, model: str, device: str, ba
     return Step(f"protocol ({label})", not progress.by_state.get("infra_error"),
                 f"{progress.done} trials run, {progress.passed} passed, "
                 f"{len(items) - progress.total} reused, over {len(ids)} problems")
-
-
-def _oracle_ids(settings: Settings) -> list[str]:
-    from mkb.protocol.attempts import solution_path
-    from mkb.records import DSLS
-
-    return [p.id for p in catalog_for(settings.problems_dir)
-            if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
 
 
 def _report_step(db: Path, out: Path, name: str) -> tuple[Step, Path | None]:

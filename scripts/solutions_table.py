@@ -27,7 +27,7 @@ def main(src: Path, out: Path) -> None:
              "on the H200 (NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, nvidia-cutlass-dsl 4.8.1, "
              "apache-tvm 0.27.0.post1) by `scripts/gpu_solutions_check.py`, checked against the fp64 anchor with "
              "the judge's tolerance rule on one draw and timed against the eager reference (CUDA events, median). "
-             "This is the solutions' own check, not yet a `mkb verify` grading; see the judge's records for those.",
+             "This is the solutions' own check; their gradings by the judge (the `mkb verify` path) follow below.",
              "", "SOL fraction = speed-of-light time (SOL bytes at 4.3 TB/s, SOL flops at 790 TFLOP/s bf16, "
              "1580 fp8, 60 fp32) / kernel time. Expert rows (fully fused DSL kernels, one per family) are marked *.",
              "", "| problem | family | dsl | status | kernel ms | eager ms | speedup | SOL fraction |",
@@ -55,7 +55,9 @@ def judged(src: Path) -> list[str]:
              f"`mkb.judge.grade` (the `mkb verify` path) on the H200, full scale, paper timing, graded "
              f"{', '.join(when)}; records in `{src.relative_to(ROOT)}` (`scripts/validate_solutions.py`). "
              f"{sum(r['status'] == 'passed' for r in records)} of {len(records)} graded variants passed.",
-             "", markdown_table(records), "", "Not graded yet: " + (", ".join(missing) or "none") + "."]
+             "", markdown_table(records)]
+    if missing:
+        lines += ["", "Not graded yet: " + ", ".join(missing) + "."]
     if banded:
         lines += ["", "Failed by the trusted-clock band of the judge's timing cross-check, recalibrated after this "
                   "run (0.1 ms -> 0.3 ms floor, plus a device-busy-time check; docs/judge.md); to be graded again: "

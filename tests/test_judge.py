@@ -263,3 +263,43 @@ def test_small_references_are_compared_on_the_gpu_large_ones_on_the_host():
     p28 = 2 * 14509 * 4096 * (2 + 8)  # two bf16 outputs and their fp64 anchors
     assert keep_on_device(p28, h200)
     assert not keep_on_device(56_000_000_000, h200)  # p06's fp64 anchor
+
+
+def _supervised(states: dict[str, tuple[str, bool]]):
+    """An Evaluation's supervision over real processes: name -> (python code to run, wrote its ready byte)."""
+    import os
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from mkb.judge.processes import Evaluation
+
+    evaluation = Evaluation.__new__(Evaluation)
+    evaluation.children, evaluation.ready = {}, {}
+    for name, (code, ready) in states.items():
+        popen = subprocess.Popen([sys.executable, "-c", code])
+        evaluation.children[name] = SimpleNamespace(popen=popen)
+        evaluation.ready[name] = os.pipe()
+        if ready:
+            os.write(evaluation.ready[name][1], b"ready")
+    for name, (code, _) in states.items():
+        if code == "pass":  # those that finish have finished before supervision looks
+            evaluation.children[name].popen.wait(timeout=30)
+    return evaluation
+
+
+def test_a_verdict_before_the_eager_harness_is_ready_is_no_startup_failure():
+    """Seen on the H200: an import error's verdict came while the eager harness (needed only for timing)
+    was still starting, and the judge called it a start-up failure (infra_error) and blamed the sandbox."""
+    import time
+
+    sleeper = "import time; time.sleep(20)"
+    fast = _supervised({"referee": ("pass", True), "candidate": ("pass", True), "eager": (sleeper, False)})
+    started = time.monotonic()
+    assert fast._wait_ready(time.monotonic) is None and time.monotonic() - started < 5
+    died = _supervised({"referee": (sleeper, True), "candidate": ("pass", True), "eager": ("raise SystemExit(1)", False)})
+    assert died._wait_ready(time.monotonic) == "startup_died"
+    for evaluation in (fast, died):
+        for child in evaluation.children.values():
+            child.popen.kill()
+            child.popen.wait()

@@ -123,3 +123,17 @@ def test_judge_pool_runs_one_job_per_slot_and_reports_queue_time():
     assert all(r.queue_s >= 0 for r in results)
     with pytest.raises(ValueError):
         JudgePool(grade, [])
+
+
+def test_the_oracle_plans_only_problems_with_shipped_solutions(store):
+    """On the H200, `--problems 'p0[1-9]*'` had the oracle submit placeholder kernels for p02-p09."""
+    from mkb import protocol
+    from mkb.errors import MkbError
+
+    settings = load_settings()
+    request = protocol.RunRequest(model=protocol.ORACLE, problems=["p0[1-9]*"], arms=[Arm.SOLO_TIRX])
+    assert [i.spec.trial_id for i in protocol.make_plan(settings, store, request)] == ["p01_r1_solo_tirx"]
+    with pytest.raises(MkbError, match="covers p01, p14"):
+        protocol.make_plan(settings, store, protocol.RunRequest(model=protocol.ORACLE, problems=["p02"]))
+    other = protocol.RunRequest(model="some/model", problems=["p0[1-2]"], arms=[Arm.SOLO_TIRX])
+    assert len(protocol.make_plan(settings, store, other)) == 2

@@ -109,12 +109,16 @@ class Evaluation:
         return self._verdict(outcome, timeout_s)
 
     def _wait_ready(self, now) -> str | None:
+        """None once every process is ready, or once the referee has finished: a fast verdict (an import
+        error, say) can come before the eager harness, needed only for timing, has finished starting."""
         pending, deadline = {r: n for n, (r, _) in self.ready.items()}, now() + STARTUP_S
         while pending and now() < deadline:
             readable, _, _ = select.select(list(pending), [], [], 0.2)
             for fd in readable:
                 os.read(fd, 16)
                 del pending[fd]
+            if pending and self.children["referee"].popen.poll() is not None and "referee" not in pending.values():
+                return None
             if any(c.popen.poll() is not None for c in self.children.values()) and pending:
                 return "startup_died"
         return "startup_timeout" if pending else None

@@ -16,7 +16,7 @@ from mkb.agent.budget import Budget
 from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, select
-from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
+from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model, solution_path
 from mkb.protocol.plan import Action, FingerprintParts, PlanItem, TrialSpec, expand, plan
 from mkb.protocol.pool import JudgePool
 from mkb.protocol.runner import Progress, ProtocolRun
@@ -58,6 +58,8 @@ def current_parts(settings: Settings, spec: TrialSpec, source_skill: str | None,
 def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[PlanItem]:
     """Expand the selection into trials and decide, from the store, what to do with each."""
     problems = select(request.problems, catalog_for(settings.problems_dir), request.families)
+    if request.model == ORACLE:
+        problems = oracle_problems(settings, problems)
     specs = expand(problems, request.arms or list(Arm), request.replicates, request.trial_glob)
     if not specs:
         raise MkbError("the selection holds no trials. Check --problems, --families, --arms and --trials.")
@@ -66,6 +68,26 @@ def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[Pla
                                                               [request.model])}
     current = {s.trial_id: current_parts(settings, s, skills.get(s.source_trial_id), request.budget) for s in specs}
     return plan(specs, stored, current)
+
+
+def oracle_problems(settings: Settings, problems: list) -> list:
+    """The selected problems the `reference` oracle can attempt: those with a shipped solution in both DSLs.
+
+    The others are left out of the plan (with a warning), never run: the oracle has nothing to submit there."""
+    from mkb.records import DSLS
+
+    covered = [p for p in problems if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+    left_out = [p.id for p in problems if p not in covered]
+    if not covered:
+        every = [p.id for p in catalog_for(settings.problems_dir)
+                 if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+        raise MkbError(f"the reference oracle has no shipped solution for {', '.join(left_out[:8])}"
+                       f"{' ...' if len(left_out) > 8 else ''}; it covers {', '.join(every) or 'no problem'}. "
+                       f"Choose --problems among those.")
+    if left_out:
+        log.warning("the reference oracle covers %d of the %d selected problems (shipped solutions in both DSLs); "
+                    "left out: %s", len(covered), len(problems), ", ".join(left_out))
+    return covered
 
 
 def check_stale(items: list[PlanItem], rerun_stale: bool) -> list[PlanItem]:
@@ -184,4 +206,4 @@ def executor_factory(sandbox: str, image: str, settings: Settings):
     hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`."""
     return lambda workdir: make_executor(sandbox, workdir, settings, image)
 
-__all__ = ["RunRequest", "make_plan", "check_stale", "run_model", "drive", "ORACLE"]
+__all__ = ["RunRequest", "make_plan", "oracle_problems", "check_stale", "run_model", "drive", "ORACLE"]
