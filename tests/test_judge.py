@@ -303,3 +303,17 @@ def test_a_verdict_before_the_eager_harness_is_ready_is_no_startup_failure():
         for child in evaluation.children.values():
             child.popen.kill()
             child.popen.wait()
+
+
+@pytest.mark.gpu
+def test_the_candidate_cannot_reach_the_referees_tensors_through_its_ipc_mapping():
+    """An IPC handle maps the whole allocation: shared tensors come from a pool that holds nothing else."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_ipc_segment_probe.py"
+    spec = importlib.util.spec_from_file_location("gpu_ipc_segment_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    result = probe.probe()
+    assert result["default_allocator"]["secret_floats_seen"] > 0  # the probe does see what shares a segment
+    assert result["shared_pool"]["secret_floats_seen"] == 0

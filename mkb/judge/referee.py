@@ -15,6 +15,7 @@ import sys
 _REAL_STDOUT = os.dup(1)
 os.dup2(2, 1)
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import secrets  # noqa: E402
 import time  # noqa: E402
@@ -38,11 +39,33 @@ class Failure(Exception):
         self.status, self.message, self.details = status, message, details
 
 
+class SharedPool:
+    """The GPU memory the candidate may map: inputs and output slots, allocated from a pool of their own.
+
+    A CUDA IPC handle maps the whole allocation its tensor was carved from, and torch's caching
+    allocator carves many tensors from one allocation: a reference or a pristine copy next to an
+    input in the same segment would be readable and writable by the candidate's kernels. Everything
+    shared is therefore allocated here, and nothing else is.
+    """
+
+    def __init__(self, device: str):
+        self.pool = torch.cuda.MemPool() if device == "cuda" else None
+
+    @contextlib.contextmanager
+    def allocating(self):
+        if self.pool is None:
+            yield
+            return
+        with torch.cuda.use_mem_pool(self.pool):
+            yield
+
+
 class Transport:
     """Tensors the referee owns and shares: mapped files on CPU, CUDA IPC on a GPU."""
 
     def __init__(self, device: str, workdir: str):
         self.device, self.workdir, self.kept = device, workdir, []
+        self.shared = SharedPool(device)
 
     def share(self, obj: Any, tag: str) -> dict:
         if self.device == "cpu":
@@ -54,7 +77,8 @@ class Transport:
         if self.device == "cpu":
             tree = wire.encode(like, wire.file_slot(self.workdir, tag))
             return tree, None
-        empty = _map(like, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cuda"))
+        with self.shared.allocating():
+            empty = _map(like, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cuda"))
         self.kept.append(empty)
         return wire.encode(empty, wire.ipc_share), empty
 
@@ -108,8 +132,10 @@ class Referee:
         self._phase, self._since = name, now
 
     def inputs(self, seed: int) -> list:
+        """A fresh draw, in the memory the candidate may map (SharedPool)."""
         torch.manual_seed(seed)
-        return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
+        with self.transport.shared.allocating():
+            return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
 
     def reference(self, inputs: list) -> tuple[Any, Any]:
         """The reference output and the fp64 anchor, private to this process.
