@@ -150,3 +150,17 @@ def test_readme_settings_table_matches_the_schema():
     spec.loader.exec_module(module)
     text = (root / "README.md").read_text()
     assert module.rendered(text) == text, "README settings table is stale: run python scripts/render_readme.py"
+
+
+def test_reproduce_slices_the_oracle_to_problems_with_shipped_solutions(mkb_home, tmp_path):
+    """`make reproduce PROBLEMS=...` narrows the protocol step; a slice with no shipped solution says so."""
+    from mkb.reproduce import _protocol_step
+    from mkb.settings import load_settings
+    from mkb.store import Store
+
+    settings = load_settings()
+    with Store(tmp_path / "r.duckdb") as store:
+        step = _protocol_step(settings, store, "reference", "cpu", None, ["p02"])
+        assert not step.ok and "no shipped solution for p02" in step.summary and "p28" in step.summary
+        unknown = _protocol_step(settings, store, "reference", "cpu", None, ["p99"])
+        assert not unknown.ok and "p99" in unknown.summary

@@ -69,6 +69,16 @@ def run_on_ray(db: Path, request, grade=fake_grade, **kw):
         return items, progress, store.trials(request.model)
 
 
+def _ray_compare():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "ray_compare.py"
+    spec = importlib.util.spec_from_file_location("ray_compare", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def results(db: Path, model: str) -> dict:
     with Store(db, read_only=True) as store:
         return {t["trial_id"]: (t["state"], t["status"], t["speedup"], t["skill_sha256"], t["n_submissions"])
@@ -86,6 +96,8 @@ def test_reference_run_on_ray_matches_the_local_executor(cluster, tmp_path):
     assert [i.action for i in items] == [Action.RUN] * 4 and progress.by_state == {"finished": 4}
     local, ray_ = results(tmp_path / "local.duckdb", "reference"), results(tmp_path / "ray.duckdb", "reference")
     assert ray_ == local  # statuses, speedups, transferred skills, submissions, whole transcripts
+    compared = _ray_compare().compare(str(tmp_path / "local.duckdb"), str(tmp_path / "ray.duckdb"))
+    assert (compared["compared"], compared["agree"]) == (4, 4)  # the script the H200 check uses
     assert all(t["status"] == "passed" and t["queue_s"] >= 0 for t in trials)
     with Store(tmp_path / "ray.duckdb", read_only=True) as store:
         assert store.rows("SELECT kind, status FROM submissions ORDER BY ALL") == \
@@ -94,6 +106,11 @@ def test_reference_run_on_ray_matches_the_local_executor(cluster, tmp_path):
     # the driver restarted: everything is reused, nothing runs again
     items, progress, _ = run_on_ray(tmp_path / "ray.duckdb", request)
     assert [i.action for i in items] == [Action.REUSE] * 4 and progress.total == 0
+    with Store(tmp_path / "ray.duckdb") as store:  # a speedup 50% off is beyond the noise floor
+        with store.transaction() as con:
+            con.execute("UPDATE trials SET speedup = speedup * 1.5 WHERE trial_id = 'p28_r1_solo_tirx'")
+    compared = _ray_compare().compare(str(tmp_path / "local.duckdb"), str(tmp_path / "ray.duckdb"))
+    assert compared["agree"] == 3 and [r["trial"] for r in compared["trials"] if not r["agree"]] == ["p28_r1_solo_tirx"]
 
 
 def test_a_scripted_model_graded_by_the_real_judge_on_a_cpu_judge_actor(cluster, tmp_path, llm_server):
