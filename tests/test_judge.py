@@ -317,3 +317,23 @@ def test_the_candidate_cannot_reach_the_referees_tensors_through_its_ipc_mapping
     result = probe.probe()
     assert result["default_allocator"]["secret_floats_seen"] > 0  # the probe does see what shares a segment
     assert result["shared_pool"]["secret_floats_seen"] == 0
+
+
+def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
+    from mkb.cli.bench_cmd import summarize
+    from mkb.records import JudgeRecord
+
+    def rec(speedup, wall, start, correctness):
+        return JudgeRecord(status=Status.PASSED, problem="p28", dsl=Dsl.CUTEDSL, device="cuda", kernel_ms=0.25,
+                           eager_ms=0.25 * speedup, speedup=speedup, wall_s=wall,
+                           details={"solve_calls": 120, "processes_start_s": start,
+                                    "phases_s": {"correctness": correctness, "import": 2.0}})
+
+    failed = JudgeRecord(status=Status.INCORRECT, problem="p28", dsl=Dsl.CUTEDSL, device="cuda", wall_s=5.0,
+                         details={"processes_start_s": 1.0})
+    row = summarize("paper", [rec(4.6, 22.0, 9.0, 12.0), rec(4.5, 24.0, 10.0, 13.0), rec(4.7, 23.0, 8.0, 11.0),
+                              failed])
+    assert row["passed"] == "3/4" and row["speedup_median"] == 4.6
+    assert abs(row["spread_pct"] - 100 * 0.2 / 4.6) < 1e-9
+    assert abs(row["overhead_s"] - (23.0 - 120 * 0.25 / 1e3)) < 1e-9
+    assert row["startup_s"] == 9.0 and row["phases_s"] == {"correctness": 12.0, "import": 2.0}

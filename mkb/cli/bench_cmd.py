@@ -37,6 +37,8 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
 
     Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
     Spread is (max - min) / median of the speedups of `repeats` gradings of the same kernel.
+    Where the overhead goes: median seconds until the judge's processes were ready (startup_s) and
+    per grading phase (phases_s, in --json).
 
     Example:
 
@@ -55,7 +57,7 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
         records = [grade(problem, kernel, dsl, device="cuda", timing=mode, settings=settings) for _ in range(repeats)]
         rows.append(summarize(mode, records))
     emit(rows, json_, csv_, title=f"judge benchmark: {problem.id} {dsl} {Path(kernel).name}",
-         columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "wall_s"])
+         columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "startup_s", "wall_s"])
 
 
 def summarize(mode: str, records: list) -> dict:
@@ -71,6 +73,12 @@ def summarize(mode: str, records: list) -> dict:
     row.update(kernel_ms=statistics.median(r.kernel_ms for r in passed), speedup_median=median,
                spread_pct=100 * (max(speedups) - min(speedups)) / median, speedups=speedups,
                overhead_s=statistics.median(overheads), wall_s=statistics.median(r.wall_s for r in passed))
+    starts = [r.details["processes_start_s"] for r in passed if r.details.get("processes_start_s") is not None]
+    if starts:
+        row["startup_s"] = statistics.median(starts)
+    phases = sorted({name for r in passed for name in r.details.get("phases_s", {})})
+    row["phases_s"] = {name: statistics.median(r.details["phases_s"].get(name, 0.0) for r in passed
+                                               if "phases_s" in r.details) for name in phases}
     return row
 
 
