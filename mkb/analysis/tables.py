@@ -34,7 +34,9 @@ def _exclusion_notes(results: Results) -> tuple[str, ...]:
                      f"listed in cells.csv, left out of paired statistics.")
     if any(m.is_oracle for m in results.models):
         notes.append("(oracle) = the built-in reference agent submitting validated solutions; "
-                     "an upper bound, not a model, and never pooled into 'all models'.")
+                     "an upper bound, not a model, and never pooled into 'all models'. Both arms of an "
+                     "oracle cell submit the identical kernel, so its help and harm rates measure the "
+                     "judge's timing noise, not transfer.")
     return tuple(notes)
 
 
