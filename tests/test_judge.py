@@ -88,6 +88,9 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     assert record.status == Status.PASSED and record.dsl_check == Check.PASSED
     assert record.details["dsl_checks"] == {"calls": "passed", "knockout": "passed", "trace": "not_checked"}
     assert len(set(record.details["seeds"])) == 5
+    assert set(record.details["correctness_s"]) == {"inputs", "reference", "pristine copy", "solve", "read outputs",
+                                                    "compare", "digests", "input guard"}
+    assert record.details["candidate_startup_s"]["import_torch"] > 0
 
 
 def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
@@ -337,3 +340,4 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     assert abs(row["spread_pct"] - 100 * 0.2 / 4.6) < 1e-9
     assert abs(row["overhead_s"] - (23.0 - 120 * 0.25 / 1e3)) < 1e-9
     assert row["startup_s"] == 9.0 and row["phases_s"] == {"correctness": 12.0, "import": 2.0}
+    assert row["correctness_s"] == {}

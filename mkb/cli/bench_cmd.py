@@ -38,7 +38,7 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
     Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
     Spread is (max - min) / median of the speedups of `repeats` gradings of the same kernel.
     Where the overhead goes: median seconds until the judge's processes were ready (startup_s) and
-    per grading phase (phases_s, in --json).
+    per grading phase and per step of the correctness draws (phases_s, correctness_s, in --json).
 
     Example:
 
@@ -76,9 +76,10 @@ def summarize(mode: str, records: list) -> dict:
     starts = [r.details["processes_start_s"] for r in passed if r.details.get("processes_start_s") is not None]
     if starts:
         row["startup_s"] = statistics.median(starts)
-    phases = sorted({name for r in passed for name in r.details.get("phases_s", {})})
-    row["phases_s"] = {name: statistics.median(r.details["phases_s"].get(name, 0.0) for r in passed
-                                               if "phases_s" in r.details) for name in phases}
+    for key in ("phases_s", "correctness_s"):  # the grading's phases; the steps of its correctness draws
+        names = sorted({name for r in passed for name in r.details.get(key, {})})
+        row[key] = {name: statistics.median(r.details[key].get(name, 0.0) for r in passed if key in r.details)
+                    for name in names}
     return row
 
 

@@ -131,6 +131,16 @@ class Referee:
         spent[self._phase] = round(spent.get(self._phase, 0.0) + now - self._since, 3)
         self._phase, self._since = name, now
 
+    @contextlib.contextmanager
+    def step(self, name: str):
+        """Seconds spent in one step of the correctness draws, summed over draws (details.correctness_s)."""
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            spent = self.details.setdefault("correctness_s", {})
+            spent[name] = round(spent.get(name, 0.0) + time.monotonic() - started, 3)
+
     def inputs(self, seed: int) -> list:
         """A fresh draw, in the memory the candidate may map (SharedPool)."""
         torch.manual_seed(seed)
@@ -206,24 +216,32 @@ class Referee:
         for d in range(N_DRAWS):
             seed = secrets.randbits(63)
             self.details["seeds"].append(seed)
-            inputs = self.inputs(seed)
-            ref, anchor = self.reference(inputs)
-            pristine = _map(inputs, lambda t: t.detach().cpu().clone())
-            tree = self.transport.share(inputs, f"d{d}")
-            slot_tree, slots = self.transport.slots(ref, f"s{d}")
-            reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
-                              "mode": "observe" if d == 0 else "normal"})
-            out = self.judge_reply(reply, ref, slot_tree, slots, d)
+            with self.step("inputs"):
+                inputs = self.inputs(seed)
+            with self.step("reference"):
+                ref, anchor = self.reference(inputs)
+            with self.step("pristine copy"):
+                pristine = _map(inputs, lambda t: t.detach().cpu().clone())
+            with self.step("solve"):
+                tree = self.transport.share(inputs, f"d{d}")
+                slot_tree, slots = self.transport.slots(ref, f"s{d}")
+                reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
+                                  "mode": "observe" if d == 0 else "normal"})
+            with self.step("read outputs"):
+                out = self.judge_reply(reply, ref, slot_tree, slots, d)
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
-            draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
+            with self.step("compare"):
+                draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
             self.draws.append(draw)
-            out_digests.append(checks.digest(out))
-            ref_digests.append(checks.digest(ref))
+            with self.step("digests"):
+                out_digests.append(checks.digest(out))
+                ref_digests.append(checks.digest(ref))
             if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
                 raise Failure(Status.INCORRECT, stale)
             if not draw.ok:
                 raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
-            self.guard_inputs(reply, inputs, tree, pristine, d)
+            with self.step("input guard"):
+                self.guard_inputs(reply, inputs, tree, pristine, d)
             if d == 0:
                 first = (out, tree)
         return first
