@@ -38,7 +38,7 @@ for stage in "$@"; do
     judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     bench) $PY -m mkb bench judge --repeats "${BENCH_REPEATS:-5}" --json > "$OUT/bench_judge.json" 2>> "$OUT/session.log" ;;
-    reference) [ -n "${REF_FRESH:-}" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
+    reference) [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
           || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"   # resume: finished trials are reused
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
