@@ -14,7 +14,8 @@
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
 #              smoke (CPU) and full scale (GPU), protocol, report  -> mkb-h200.duckdb, eager_h200.json
-#   ray        the reference oracle on RAY_PROBLEMS (RAY_ARMS="solo_cutedsl solo_tirx" for some arms) through a local Ray instance (ray importable, e.g. from
+#   ray        the reference oracle on RAY_PROBLEMS (RAY_ARMS="solo_cutedsl solo_tirx" for some arms)
+#              through a local Ray instance (ray importable, e.g. from
 #              PYTHONPATH), compared with the local executor's trials in mkb-h200.duckdb -> mkb-ray.duckdb,
 #              ray_vs_local.json
 #   docs       the DSL manuals' examples on the GPU                 -> docs_h200.json
@@ -49,8 +50,10 @@ for stage in "$@"; do
         [ -f "$OUT/eager_h200.json" ] || cp problems/eager_h200.json "$OUT/eager_h200.json"
         $PY scripts/eager_table.py "$OUT/mkb-h200.duckdb" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     ray) $PY -m mkb --db "$OUT/mkb-ray.duckdb" run-model reference --problems "${RAY_PROBLEMS:-p28}" --device cuda \
-          $(for a in ${RAY_ARMS:-}; do echo --arms "$a"; done) --executor ray --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tee "$OUT/ray.log" | tail -30 | tee -a "$OUT/session.log"
-        $PY scripts/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" 2>> "$OUT/session.log"
+          $(for a in ${RAY_ARMS:-}; do echo --arms "$a"; done) --executor ray --concurrency "${REF_CONCURRENCY:-2}" \
+          2>&1 | tee "$OUT/ray.log" | tail -30 | tee -a "$OUT/session.log"
+        $PY scripts/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" \
+          2>> "$OUT/session.log"
         tail -c 600 "$OUT/ray_vs_local.json" | tee -a "$OUT/session.log" ;;
     docs) $PY scripts/gpu_docs_check.py "$OUT/docs_h200.json" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;

@@ -24,8 +24,8 @@ MIN_NOISE = 0.02
 
 def _trials(db: str, model: str) -> dict[str, dict]:
     with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT trial_id, state, status, speedup, kernel_ms, wall_s, queue_s, attempt_id FROM trials "
-                           "WHERE model = ? AND state = 'finished'", [model]).fetchall()
+        rows = con.execute("SELECT trial_id, state, status, speedup, kernel_ms, wall_s, queue_s, attempt_id "
+                           "FROM trials WHERE model = ? AND state = 'finished'", [model]).fetchall()
     keys = ("trial_id", "state", "status", "speedup", "kernel_ms", "wall_s", "queue_s", "attempt_id")
     return {r[0]: dict(zip(keys, r)) for r in rows}
 

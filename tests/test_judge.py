@@ -300,7 +300,8 @@ def test_a_verdict_before_the_eager_harness_is_ready_is_no_startup_failure():
     fast = _supervised({"referee": ("pass", True), "candidate": ("pass", True), "eager": (sleeper, False)})
     started = time.monotonic()
     assert fast._wait_ready(time.monotonic) is None and time.monotonic() - started < 5
-    died = _supervised({"referee": (sleeper, True), "candidate": ("pass", True), "eager": ("raise SystemExit(1)", False)})
+    died = _supervised({"referee": (sleeper, True), "candidate": ("pass", True),
+                        "eager": ("raise SystemExit(1)", False)})
     assert died._wait_ready(time.monotonic) == "startup_died"
     for evaluation in (fast, died):
         for child in evaluation.children.values():

@@ -76,11 +76,13 @@ def oracle_problems(settings: Settings, problems: list) -> list:
     The others are left out of the plan (with a warning), never run: the oracle has nothing to submit there."""
     from mkb.records import DSLS
 
-    covered = [p for p in problems if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+    def solved(problem) -> bool:
+        return all(solution_path(settings.solutions_path, problem, d).exists() for d in DSLS)
+
+    covered = [p for p in problems if solved(p)]
     left_out = [p.id for p in problems if p not in covered]
     if not covered:
-        every = [p.id for p in catalog_for(settings.problems_dir)
-                 if all(solution_path(settings.solutions_path, p, d).exists() for d in DSLS)]
+        every = [p.id for p in catalog_for(settings.problems_dir) if solved(p)]
         raise MkbError(f"the reference oracle has no shipped solution for {', '.join(left_out[:8])}"
                        f"{' ...' if len(left_out) > 8 else ''}; it covers {', '.join(every) or 'no problem'}. "
                        f"Choose --problems among those.")
