@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ def scenario(with_pool: bool) -> dict:
     torch.cuda.synchronize()
     out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(wire.ipc_share(shared)), repr(MAGIC)],
                          capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     del secret, shared
     if out.returncode != 0:
         return {"error": out.stderr[-1500:]}

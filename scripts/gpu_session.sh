@@ -25,6 +25,12 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MKB_HOME=/tmp/mkb-home
 PY=${PY:-python3}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
+# The oracle stages resume: $OUT's database if a stage made one, else the shipped one (unless REF_FRESH=1);
+# finished trials in it are reused.
+resume_db() {
+  [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
+    || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"
+}
 for stage in "$@"; do
   log "stage $stage"
   case $stage in
@@ -39,12 +45,10 @@ for stage in "$@"; do
     judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     bench) $PY -m mkb bench judge --repeats "${BENCH_REPEATS:-5}" --json > "$OUT/bench_judge.json" 2>> "$OUT/session.log" ;;
-    reference) [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
-          || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"   # resume: finished trials are reused
+    reference) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
-    reproduce) [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
-          || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"
+    reproduce) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
           | tee "$OUT/reproduce.log" | tail -40 | tee -a "$OUT/session.log"
         [ -f "$OUT/eager_h200.json" ] || cp problems/eager_h200.json "$OUT/eager_h200.json"

@@ -22,50 +22,34 @@ MIN_NOISE = 0.02
 """The judge's repeatability target for kernels >= 50 us (issue #3): the least difference called noise."""
 
 
-def _trials(db: str, model: str) -> dict[str, dict]:
+def _read(db: str, model: str) -> tuple[dict[str, dict], dict[str, list[float]], float | None]:
+    """Finished trials (with their final kernel's hash), passed gradings' speedups by kernel, run wall time."""
     with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT trial_id, state, status, speedup, kernel_ms, wall_s, queue_s, attempt_id "
-                           "FROM trials WHERE model = ? AND state = 'finished'", [model]).fetchall()
-    keys = ("trial_id", "state", "status", "speedup", "kernel_ms", "wall_s", "queue_s", "attempt_id")
-    return {r[0]: dict(zip(keys, r)) for r in rows}
-
-
-def _gradings(db: str, model: str) -> dict[str, list[float]]:
-    """Speedups of every passed grading, by kernel source hash."""
-    with duckdb.connect(db, read_only=True) as con:
-        rows = con.execute("SELECT s.kernel_sha256, s.speedup FROM submissions s JOIN trials t USING (attempt_id) "
-                           "WHERE t.model = ? AND s.status = 'passed' AND s.speedup IS NOT NULL", [model]).fetchall()
+        keys = ("trial_id", "status", "speedup", "wall_s", "kernel_sha256")
+        rows = con.execute(
+            "SELECT trial_id, status, speedup, wall_s, (SELECT kernel_sha256 FROM submissions s WHERE s.attempt_id = "
+            "t.attempt_id ORDER BY n DESC LIMIT 1) FROM trials t WHERE model = ? AND state = 'finished'",
+            [model]).fetchall()
+        gradings = con.execute("SELECT s.kernel_sha256, s.speedup FROM submissions s JOIN trials t USING (attempt_id) "
+                               "WHERE t.model = ? AND s.status = 'passed' AND s.speedup IS NOT NULL", [model]).fetchall()
+        wall = con.execute("SELECT sum(epoch(finished_at) - epoch(started_at)) FROM runs WHERE model = ? AND "
+                           "finished_at IS NOT NULL", [model]).fetchone()[0]
     by_kernel = defaultdict(list)
-    for sha, speedup in rows:
+    for sha, speedup in gradings:
         by_kernel[sha].append(speedup)
-    return by_kernel
-
-
-def _kernel_of(db: str, attempt_id: str) -> str | None:
-    with duckdb.connect(db, read_only=True) as con:
-        row = con.execute("SELECT kernel_sha256 FROM submissions WHERE attempt_id = ? ORDER BY n DESC LIMIT 1",
-                          [attempt_id]).fetchone()
-    return row[0] if row else None
-
-
-def _run_wall_s(db: str, model: str) -> float | None:
-    with duckdb.connect(db, read_only=True) as con:
-        row = con.execute("SELECT sum(epoch(finished_at) - epoch(started_at)) FROM runs WHERE model = ? AND "
-                          "finished_at IS NOT NULL", [model]).fetchone()
-    return row[0]
+    return {r[0]: dict(zip(keys, r)) for r in rows}, by_kernel, wall
 
 
 def compare(local_db: str, ray_db: str, model: str = "reference") -> dict:
-    local, ray = _trials(local_db, model), _trials(ray_db, model)
+    (local, local_gradings, _), (ray, ray_gradings, ray_wall) = _read(local_db, model), _read(ray_db, model)
     spread: dict[str, list[float]] = defaultdict(list)
-    for db in (local_db, ray_db):
-        for sha, values in _gradings(db, model).items():
+    for by_kernel in (local_gradings, ray_gradings):
+        for sha, values in by_kernel.items():
             spread[sha] += values
     rows = []
     for trial_id, r in sorted(ray.items()):
         lo = local.get(trial_id)
-        sha = _kernel_of(ray_db, r["attempt_id"])
-        values = spread.get(sha, [])
+        values = spread.get(r["kernel_sha256"], [])
         noise = max(MIN_NOISE, (max(values) - min(values)) / min(values) if len(values) > 1 else 0.0)
         row = {"trial": trial_id, "status_ray": r["status"], "status_local": lo and lo["status"],
                "speedup_ray": r["speedup"], "speedup_local": lo and lo["speedup"], "noise_floor": round(noise, 4),
@@ -82,10 +66,9 @@ def compare(local_db: str, ray_db: str, model: str = "reference") -> dict:
             row["agree"], row["why"] = diff <= noise, f"speedups differ by {diff:.1%} (noise floor {noise:.1%})"
         rows.append(row)
     compared = [r for r in rows if r["agree"] is not None]
-    wall = {"ray": _run_wall_s(ray_db, model)}
     return {"model": model, "trials": rows, "compared": len(compared), "agree": sum(bool(r["agree"]) for r in compared),
-            "ray_run_wall_s": wall["ray"],
-            "ray_trials_per_hour": round(3600 * len(ray) / wall["ray"], 1) if wall["ray"] else None,
+            "ray_run_wall_s": ray_wall,
+            "ray_trials_per_hour": round(3600 * len(ray) / ray_wall, 1) if ray_wall else None,
             "rule": f"identical status; |speedup_ray - speedup_local| / speedup_local <= max({MIN_NOISE}, largest "
                     f"relative spread between gradings of the same kernel in either run)"}
 

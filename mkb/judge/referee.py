@@ -99,6 +99,11 @@ def keep_on_device(nbytes: int, device_bytes: int) -> bool:
     return nbytes <= KEEP_ON_DEVICE_FRACTION * device_bytes
 
 
+def _add_seconds(spent: dict, name: str, seconds: float) -> None:
+    """Add to a {name: seconds} tally (phases_s, correctness_s), rounded to milliseconds."""
+    spent[name] = round(spent.get(name, 0.0) + seconds, 3)
+
+
 def _map(obj: Any, fn) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(_map(o, fn) for o in obj)
@@ -127,8 +132,8 @@ class Referee:
 
     @phase.setter
     def phase(self, name: str) -> None:
-        now, spent = time.monotonic(), self.details["phases_s"]
-        spent[self._phase] = round(spent.get(self._phase, 0.0) + now - self._since, 3)
+        now = time.monotonic()
+        _add_seconds(self.details["phases_s"], self._phase, now - self._since)
         self._phase, self._since = name, now
 
     @contextlib.contextmanager
@@ -138,8 +143,7 @@ class Referee:
         try:
             yield
         finally:
-            spent = self.details.setdefault("correctness_s", {})
-            spent[name] = round(spent.get(name, 0.0) + time.monotonic() - started, 3)
+            _add_seconds(self.details.setdefault("correctness_s", {}), name, time.monotonic() - started)
 
     def inputs(self, seed: int) -> list:
         """A fresh draw, in the memory the candidate may map (SharedPool)."""

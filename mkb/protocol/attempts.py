@@ -41,10 +41,10 @@ def solution_path(solutions_dir: Path, problem: ProblemInfo, dsl: Dsl) -> Path:
 
 
 def oracle_model(problem: ProblemInfo, dsl: Dsl, solutions_dir: Path) -> ScriptedModel:
-    """A scripted 'model' that writes the shipped solution, submits it, writes the fixed skill, finishes."""
-    path = solution_path(solutions_dir, problem, dsl)
-    kernel = path.read_text() if path.exists() else (
-        f'"""No shipped {dsl} solution for {problem.id} yet: this kernel cannot pass."""\n')
+    """A scripted 'model' that writes the shipped solution, submits it, writes the fixed skill, finishes.
+
+    The plan gives the oracle only problems with a shipped solution (protocol.oracle_problems)."""
+    kernel = solution_path(solutions_dir, problem, dsl).read_text()
     skill = ORACLE_SKILL.format(dsl=dsl, problem=problem.id, name=problem.name, description=problem.description)
     return ScriptedModel([
         {"content": "Writing the shipped solution.", "tool_calls": [tool_call("write_file", {"path": "kernel.py",
