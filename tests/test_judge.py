@@ -330,7 +330,8 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     def rec(speedup, wall, start, correctness):
         return JudgeRecord(status=Status.PASSED, problem="p28", dsl=Dsl.CUTEDSL, device="cuda", kernel_ms=0.25,
                            eager_ms=0.25 * speedup, speedup=speedup, wall_s=wall,
-                           details={"solve_calls": 120, "processes_start_s": start,
+                           details={"solve_calls": 120, "processes_start_s": start, "gpu": {"name": "NVIDIA H200"},
+                                    "environment": {"driver": "580.159.04"},
                                     "phases_s": {"correctness": correctness, "import": 2.0}})
 
     failed = JudgeRecord(status=Status.INCORRECT, problem="p28", dsl=Dsl.CUTEDSL, device="cuda", wall_s=5.0,
@@ -342,3 +343,4 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     assert abs(row["overhead_s"] - (23.0 - 120 * 0.25 / 1e3)) < 1e-9
     assert row["startup_s"] == 9.0 and row["phases_s"] == {"correctness": 12.0, "import": 2.0}
     assert row["correctness_s"] == {}
+    assert row["gpu"] == "NVIDIA H200" and row["environment"] == {"driver": "580.159.04"}

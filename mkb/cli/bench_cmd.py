@@ -61,10 +61,12 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
 
 
 def summarize(mode: str, records: list) -> dict:
-    """One row: pass count, medians, speedup spread and overhead per evaluation."""
+    """One row: pass count, medians, speedup spread and overhead per evaluation, and where it ran."""
     passed = [r for r in records if r.passed]
+    first = records[0].details if records else {}
     row = {"mode": mode, "passed": f"{len(passed)}/{len(records)}",
-           "statuses": [str(r.status) for r in records], "messages": [r.message for r in records if not r.passed]}
+           "statuses": [str(r.status) for r in records], "messages": [r.message for r in records if not r.passed],
+           "gpu": (first.get("gpu") or {}).get("name"), "environment": first.get("environment")}
     if not passed:
         return row
     speedups = [r.speedup for r in passed]
