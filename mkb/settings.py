@@ -35,6 +35,8 @@ class Settings(BaseModel):
     """Address-space limit of the judge child (host memory), in MiB."""
     judge_output_limit_bytes: int = 1_000_000
     """Bytes of the candidate's stdout/stderr kept; the rest is discarded."""
+    judge_spares: int = 1
+    """Start the next grading's judge processes ahead (torch imported, waiting) while one runs; 0: always cold."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
 

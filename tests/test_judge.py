@@ -282,9 +282,9 @@ def _supervised(states: dict[str, tuple[str, bool]]):
     for name, (code, ready) in states.items():
         popen = subprocess.Popen([sys.executable, "-c", code])
         evaluation.children[name] = SimpleNamespace(popen=popen)
-        evaluation.ready[name] = os.pipe()
+        evaluation.ready[name], write_end = os.pipe()
         if ready:
-            os.write(evaluation.ready[name][1], b"ready")
+            os.write(write_end, b"ready")
     for name, (code, _) in states.items():
         if code == "pass":  # those that finish have finished before supervision looks
             evaluation.children[name].popen.wait(timeout=30)

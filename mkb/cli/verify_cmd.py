@@ -39,7 +39,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
     from mkb.judge import grade
     from mkb.problems import catalog_for, resolve
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx, db=db, judge_spares=0)  # one grading: nothing to start ahead for
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     record = grade(problem, kernel, dsl, device=device or settings.device, timing=timing, timeout_s=timeout_s,
                    settings=settings, scale=scale)

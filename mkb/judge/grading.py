@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,7 +18,7 @@ from typing import Callable
 from mkb import environment
 from mkb.errors import MkbError
 from mkb.judge import static
-from mkb.judge.processes import Evaluation
+from mkb.judge.processes import Evaluation, Plan, take
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
 from mkb.settings import Settings, load_settings
 
@@ -112,12 +111,18 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
 
 def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, isolate_network, visible_devices,
               now) -> tuple[dict, dict, str]:
-    """One run of the judge processes in a private temporary directory (in /dev/shm when possible)."""
-    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    with tempfile.TemporaryDirectory(prefix="mkb-judge-", dir=shm) as workdir:
-        evaluation = Evaluation(problem, kernel, dsl, device, "none" if device == "cpu" else timing, scale, settings,
-                                workdir, isolate_network, visible_devices)
-        return evaluation.supervise(timeout_s, now)
+    """One run of the judge processes, on a spare Launch when one is waiting (processes.take)."""
+    timed = device == "cuda" and timing != "none"
+    plan = Plan.of(settings, device, timed, isolate_network, visible_devices)
+    launch, ahead_s = take(plan, keep_spare=settings.judge_spares > 0)
+    try:
+        evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale)
+    except BaseException:
+        launch.close()
+        raise
+    verdict, details, log_tail = evaluation.supervise(timeout_s, now)
+    details["spare"] = {"used": ahead_s is not None, "started_s_before": ahead_s}
+    return verdict, details, log_tail
 
 
 def _environment(device: str) -> dict:

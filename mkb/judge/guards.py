@@ -191,7 +191,7 @@ def _patch_nvrtc(tracker, module) -> None:
 
 
 def _patch_triton(tracker) -> None:
-    """Triton's launches are findings; merely importing it is not (torch's profiler imports it on GPU machines)."""
+    """Triton's launches are findings; merely importing it is not (torch's own internals import it)."""
     try:
         from triton.runtime.jit import JITFunction
     except Exception:  # an unusual triton layout: the import finding stands on its own

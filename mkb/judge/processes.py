@@ -1,18 +1,30 @@
 """The processes of one evaluation: referee, candidate and eager harness, their pipes and their supervision.
 
-Wires the pipes (referee <-> each harness, each child -> parent readiness), starts every child in
-its own session with its limits (sandbox.py), waits for the verdict under the startup allowance
-and the hard timeout, kills every process group at the end, and turns what happened into a
-verdict dict for grade().
+A Launch starts the processes before the grading is known: each child imports torch (the bulk of a
+cold start) and then waits for its spec on a pipe of its own. An Evaluation hands a Launch its problem
+and kernel, waits for the verdict under the startup allowance and the hard timeout, kills every
+process group at the end, and turns what happened into a verdict dict for grade().
+
+Spares: while a grading runs, `take` starts the next Launch of the same kind, so the next grading
+finds its processes with torch already imported. Each process still serves exactly one grading; a
+spare is only started earlier. Spares are keyed by everything their start depends on (device,
+timing, network isolation, GPU pinning, limits, environment) and are killed when the judge's process
+exits; a spare whose parent vanishes reads end-of-file on its spec pipe and exits.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import json
 import os
 import select
 import shutil
 import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -23,74 +35,190 @@ from mkb.settings import Settings, environment
 STARTUP_S = 180.0
 """Time the judge processes get to start (import torch, initialise CUDA) before the timeout clock runs."""
 LOG_TAIL_CHARS = 8000
+MAX_SPARES = 16
+"""Spare Launches kept at most (one per kind; a protocol run pins one kind per GPU)."""
 _HERE = Path(__file__).resolve().parent
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
-class Evaluation:
-    """The processes of one grading and their pipes."""
+@dataclass(frozen=True)
+class Plan:
+    """What a grading's processes need before its problem and kernel are known: the key of a spare."""
 
-    def __init__(self, problem, kernel: Path, dsl: Dsl, device: str, timing: str, scale: str,
-                 settings: Settings, workdir: str, isolate_network: bool = True, visible_devices: str | None = None):
-        self.settings, self.workdir, self.device = settings, workdir, device
-        self.isolate_network, self.visible_devices, self.start_s = isolate_network, visible_devices, None
-        stage = Path(workdir, "kernel")
-        stage.mkdir()
-        shutil.copyfile(kernel, stage / "kernel.py")
-        self.pipes, self.ready = {}, {}
+    device: str
+    timed: bool
+    """Whether an eager harness is started (GPU timing)."""
+    isolate_network: bool
+    visible_devices: str | None
+    memory_mb: int
+    timeout_s: float
+    output_limit_bytes: int
+    environment: str
+    """A digest of the environment the children start with."""
+
+    @classmethod
+    def of(cls, settings: Settings, device: str, timed: bool, isolate_network: bool,
+           visible_devices: str | None) -> Plan:
+        env = json.dumps(sorted(environment().items())).encode()
+        return cls(device, timed, isolate_network, visible_devices, settings.judge_memory_mb,
+                   settings.judge_timeout_s, settings.judge_output_limit_bytes, hashlib.sha256(env).hexdigest())
+
+    @property
+    def names(self) -> list[str]:
+        return ["referee", "candidate"] + (["eager"] if self.timed else [])
+
+
+class Launch:
+    """The started processes of one grading, each waiting for its spec; pipes wired, workdir private."""
+
+    def __init__(self, plan: Plan):
+        self.plan, self.started = plan, time.monotonic()
+        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.workdir = tempfile.mkdtemp(prefix="mkb-judge-", dir=shm)
+        self.stage = Path(self.workdir, "kernel")
+        self.stage.mkdir()
+        self.pipes: dict[str, tuple] = {}
         self.children: dict[str, sandbox.Child] = {}
-        names = ["referee", "candidate"] + (["eager"] if timing != "none" else [])
-        for name in names[1:]:
+        for name in plan.names[1:]:
             self.pipes[name] = (os.pipe(), os.pipe())  # (referee -> child), (child -> referee)
-        for name in names:
-            self.ready[name] = os.pipe()
-        common = {"device": device, "workdir": workdir}
-        r_spec = {**common, "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
-                  "timing": timing, "ready_fd": self.ready["referee"][1]}
-        for name, prefix in (("candidate", "c"), ("eager", "e")):
-            if name in self.pipes:
-                (to_child, from_child) = self.pipes[name]
-                r_spec.update({f"{prefix}_cmd_w": to_child[1], f"{prefix}_reply_r": from_child[0]})
-        self._start("referee", [sys.executable, "-c", "import sys; from mkb.judge.referee import main; "
-                                "sys.exit(main())"], r_spec, self._referee_fds(), cwd=workdir)
-        for name in names[1:]:
-            to_child, from_child = self.pipes[name]
-            spec = {**common, "role": "candidate" if name == "candidate" else "reference", "dsl": str(dsl),
-                    "kernel": str(stage / "kernel.py"), "problem": problem.path if name == "eager" else None,
-                    "cmd_fd": to_child[0], "reply_fd": from_child[1], "ready_fd": self.ready[name][1]}
-            self._start(name, [sys.executable, str(_HERE / "child.py")], spec,
-                        (to_child[0], from_child[1], self.ready[name][1]), cwd=str(stage))
-        self._close_child_ends()
+        ready, go = {name: os.pipe() for name in plan.names}, {name: os.pipe() for name in plan.names}
+        self.ready_fd = {name: w for name, (_, w) in ready.items()}
+        """Each child's end of its readiness pipe (the number it has in the child)."""
+        self.ready = {name: r for name, (r, _) in ready.items()}
+        """The parent's ends of the readiness pipes, open until close()."""
+        self._go = {name: w for name, (_, w) in go.items()}
+        self._go_child = {name: r for name, (r, _) in go.items()}
+        try:
+            self._start("referee", [sys.executable, "-c", "from mkb.judge.referee import main; "
+                                    "from mkb.judge.wire import leave; leave(main())"],
+                        self._referee_fds(), cwd=self.workdir)
+            for name in plan.names[1:]:
+                to_child, from_child = self.pipes[name]
+                self._start(name, [sys.executable, str(_HERE / "child.py")],
+                            (to_child[0], from_child[1], self.ready_fd[name]), cwd=str(self.stage))
+        finally:
+            self._close_child_ends()
+            if len(self.children) < len(plan.names):  # a start failed: leave nothing behind
+                self.close()
 
     def _referee_fds(self) -> tuple[int, ...]:
-        fds = [self.ready["referee"][1]]
+        fds = [self.ready_fd["referee"]]
         for to_child, from_child in self.pipes.values():
             fds += [to_child[1], from_child[0]]
         return tuple(fds)
 
-    def _start(self, name: str, argv: list[str], spec: dict, fds: tuple[int, ...], cwd: str) -> None:
-        spec_path = Path(self.workdir, f"{name}.json")
-        spec_path.write_text(json.dumps(spec))
-        s = self.settings
-        candidate = name == "candidate"
-        limits = sandbox.Limits(memory_mb=s.judge_memory_mb, watch_rss=self.device == "cuda",
-                                cpu_s=int(s.judge_timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
+    def _start(self, name: str, argv: list[str], fds: tuple[int, ...], cwd: str) -> None:
+        plan, candidate = self.plan, name == "candidate"
+        limits = sandbox.Limits(memory_mb=plan.memory_mb, watch_rss=plan.device == "cuda",
+                                cpu_s=int(plan.timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
                                 file_bytes=(1 << 30) if candidate else None,
-                                isolate_network=candidate and self.isolate_network)
+                                isolate_network=candidate and plan.isolate_network)
         env = _child_env(candidate, self.workdir)
-        if self.visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.visible_devices
-        output_limit = s.judge_output_limit_bytes if candidate else 64 << 20
-        self.children[name] = sandbox.start(name, [*argv, str(spec_path)], env=env, cwd=cwd, limits=limits,
-                                            pass_fds=fds, output_limit=output_limit)
+        if plan.visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = plan.visible_devices
+        output_limit = plan.output_limit_bytes if candidate else 64 << 20
+        go = self._go_child[name]
+        self.children[name] = sandbox.start(name, [*argv, str(Path(self.workdir, f"{name}.json")), str(go)],
+                                            env=env, cwd=cwd, limits=limits, pass_fds=(*fds, go),
+                                            output_limit=output_limit)
 
     def _close_child_ends(self) -> None:
-        """The parent keeps no pipe ends: a dead peer then reads as end-of-file."""
+        """The parent keeps no pipe ends the children use: a dead peer then reads as end-of-file."""
         for to_child, from_child in self.pipes.values():
             for fd in (*to_child, *from_child):
                 os.close(fd)
-        for _, w in self.ready.values():
-            os.close(w)
+        for fd in (*self.ready_fd.values(), *self._go_child.values()):
+            os.close(fd)
+
+    def alive(self) -> bool:
+        return bool(self.children) and all(c.popen.poll() is None for c in self.children.values())
+
+    def begin(self, specs: dict[str, dict]) -> None:
+        """Write each child's spec and let it go (a child that has died is found by the supervision)."""
+        for name, spec in specs.items():
+            Path(self.workdir, f"{name}.json").write_text(json.dumps(spec))
+        for name in specs:
+            try:
+                os.write(self._go[name], b"g")
+            except OSError:  # the child is gone; supervision reports it
+                pass
+            os.close(self._go.pop(name))
+
+    def close(self) -> None:
+        """Kill every process group, reap, close the parent's pipe ends and remove the workdir."""
+        for child in self.children.values():
+            if child.popen.poll() is None:
+                child.kill()
+            child.popen.wait()
+        for fd in (*self.ready.values(), *self._go.values()):
+            os.close(fd)
+        self.ready.clear()
+        self._go.clear()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_SPARES: dict[Plan, Launch] = {}
+_SPARES_LOCK = threading.Lock()
+
+
+def take(plan: Plan, keep_spare: bool) -> tuple[Launch, float | None]:
+    """The Launch for a grading and, when it is a spare, how many seconds ahead it was started.
+
+    With keep_spare, the next Launch of this plan is started now, to warm up while this grading runs.
+    """
+    with _SPARES_LOCK:
+        spare = _SPARES.pop(plan, None)
+    if spare is not None and not spare.alive():
+        spare.close()
+        spare = None
+    launch = spare or Launch(plan)
+    if keep_spare:
+        _keep(Launch(plan))
+    return launch, (round(time.monotonic() - spare.started, 3) if spare else None)
+
+
+def _keep(launch: Launch) -> None:
+    with _SPARES_LOCK:
+        old = [_SPARES.pop(launch.plan, None)]
+        _SPARES[launch.plan] = launch
+        while len(_SPARES) > MAX_SPARES:
+            old.append(_SPARES.pop(next(iter(_SPARES))))
+    for spare in old:
+        if spare is not None:
+            spare.close()
+
+
+@atexit.register
+def discard_spares() -> None:
+    """Kill every spare (at exit, and for callers that want no processes left behind)."""
+    with _SPARES_LOCK:
+        spares = list(_SPARES.values())
+        _SPARES.clear()
+    for spare in spares:
+        spare.close()
+
+
+class Evaluation:
+    """One grading on a Launch: the specs, the supervision and the verdict."""
+
+    def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str):
+        plan = launch.plan
+        self.launch, self.device, self.start_s = launch, plan.device, None
+        self.children, self.ready = launch.children, launch.ready
+        shutil.copyfile(kernel, launch.stage / "kernel.py")
+        common = {"device": plan.device, "workdir": launch.workdir}
+        r_spec = {**common, "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
+                  "timing": timing if plan.timed else "none", "ready_fd": launch.ready_fd["referee"]}
+        specs = {}
+        for name, prefix in (("candidate", "c"), ("eager", "e")):
+            if name in launch.pipes:
+                (to_child, from_child) = launch.pipes[name]
+                r_spec.update({f"{prefix}_cmd_w": to_child[1], f"{prefix}_reply_r": from_child[0]})
+                specs[name] = {**common, "role": "candidate" if name == "candidate" else "reference",
+                               "dsl": str(dsl), "kernel": str(launch.stage / "kernel.py"),
+                               "problem": problem.path if name == "eager" else None,
+                               "cmd_fd": to_child[0], "reply_fd": from_child[1], "ready_fd": launch.ready_fd[name]}
+        launch.begin({"referee": r_spec, **specs})
 
     def supervise(self, timeout_s: float, now: Callable[[], float]) -> tuple[dict, dict, str]:
         """Wait for the verdict under the startup and hard timeouts; kill everything at the end."""
@@ -100,18 +228,13 @@ class Evaluation:
             self.start_s = round(now() - started, 3)
             outcome = outcome or self._wait_verdict(timeout_s, now)
         finally:
-            for child in self.children.values():
-                if child.popen.poll() is None:
-                    child.kill()
-                child.popen.wait()
-            for r, _ in self.ready.values():
-                os.close(r)
+            self.launch.close()
         return self._verdict(outcome, timeout_s)
 
     def _wait_ready(self, now) -> str | None:
         """None once every process is ready, or once the referee has finished: a fast verdict (an import
         error, say) can come before the eager harness, needed only for timing, has finished starting."""
-        pending, deadline = {r: n for n, (r, _) in self.ready.items()}, now() + STARTUP_S
+        pending, deadline = {r: n for n, r in self.ready.items()}, now() + STARTUP_S
         while pending and now() < deadline:
             readable, _, _ = select.select(list(pending), [], [], 0.2)
             for fd in readable:

@@ -82,21 +82,27 @@ class Transport:
         self.kept.append(empty)
         return wire.encode(empty, wire.ipc_share), empty
 
-    def read(self, tree: dict, tensors: Any) -> Any:
-        """A private CPU copy of what shared tensors hold now."""
+    def read(self, tree: dict, tensors: Any, place: str = "cpu") -> Any:
+        """A private copy of what shared tensors hold now, on `place` (outside the SharedPool)."""
         if tensors is None:
             return wire.decode(tree, wire.read_file_leaf)
-        return _map(tensors, lambda t: t.detach().cpu().clone())
+        return _map(tensors, lambda t: t.detach().to(place, copy=True))
 
 
 KEEP_ON_DEVICE_FRACTION = 0.1
-"""Reference and anchor stay on the GPU while they take at most this fraction of its memory (14 GB on
-an H200); the problems' own peaks are at most 28 GB there, their fp64 anchors up to 56 GB (p06)."""
+"""A draw is judged on the GPU while the referee's private copies (reference, anchor, pristine inputs,
+read outputs) take at most this fraction of its memory (14 GB on an H200); the problems' own peaks are
+at most 28 GB there, their fp64 anchors up to 56 GB (p06)."""
 
 
 def keep_on_device(nbytes: int, device_bytes: int) -> bool:
-    """Whether a draw's reference and anchor (nbytes together) stay on the GPU for the comparison."""
+    """Whether a draw's private copies (nbytes together) stay on the GPU, where it is then judged."""
     return nbytes <= KEEP_ON_DEVICE_FRACTION * device_bytes
+
+
+def private_bytes(inputs: Any, ref: Any, anchor: Any) -> int:
+    """What judging one draw keeps besides the shared tensors: reference, anchor, read outputs, pristine inputs."""
+    return 2 * tt.nbytes(ref) + tt.nbytes(anchor) + tt.nbytes(inputs)
 
 
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
@@ -123,6 +129,8 @@ class Referee:
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"])
         self.transport = Transport(self.device, spec["workdir"])
         self.details, self.draws = {"seeds": [], "phases_s": {}}, []
+        self.place = "cpu"
+        """Where draws are judged: their private copies, the comparison, the digests and the input guard."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -152,21 +160,23 @@ class Referee:
             return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
 
     def reference(self, inputs: list) -> tuple[Any, Any]:
-        """The reference output and the fp64 anchor, private to this process.
+        """The reference output and the fp64 anchor, private to this process, on self.place.
 
-        On a GPU they stay there when they are small (keep_on_device), so the comparison runs on the
-        GPU: comparing p28's two 14509x4096 outputs in float64 on the host took 3.7 s per draw, most of
-        a grading. Large ones move to the host, leaving the candidate the GPU memory it had before.
-        Another process cannot reach this one's device memory: the candidate only gets IPC handles of
-        the inputs and the output slots.
+        On a GPU the draw is judged there when its private copies are small (keep_on_device): comparing
+        p28's two 14509x4096 outputs in float64 on the host took 3.7 s per draw, most of a grading, and
+        host copies of inputs and outputs for the input guard and the digests cost seconds more. Large
+        ones move to the host, leaving the candidate the GPU memory it had before. Another process
+        cannot reach this one's private device memory: the candidate only gets IPC handles of tensors
+        from the SharedPool.
         """
         with tt.strict_precision():
             ref = self.problem.reference(*inputs)
             anchor = self.problem.reference(*tt.to_anchor(inputs))
         if self.device == "cuda":
             device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            if keep_on_device(tt.nbytes(ref) + tt.nbytes(anchor), device_bytes):
-                return _map(ref, lambda t: t.detach().clone()), _map(anchor, lambda t: t.detach())
+            self.place = "cuda" if keep_on_device(private_bytes(inputs, ref, anchor), device_bytes) else "cpu"
+        if self.place == "cuda":
+            return _map(ref, lambda t: t.detach().clone()), _map(anchor, lambda t: t.detach())
         return _map(ref, lambda t: t.detach().cpu()), _map(anchor, lambda t: t.detach().cpu())
 
     def ask(self, message: dict) -> dict:
@@ -193,11 +203,13 @@ class Referee:
         if self.device == "cuda" and not hello.get("cuda"):
             raise Failure(Status.INFRA_ERROR, "CUDA is not available inside the candidate's sandbox")
         self.phase = "import"
-        loaded = self.ask({"cmd": "load"})
+        self.c.send({"cmd": "load"})
+        upcoming = self.prepare_draw()  # the first draw is made while the candidate imports and compiles
+        loaded = self.c.recv()
         if not loaded.get("ok"):
             raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
                           traceback=loaded.get("traceback", ""))
-        first_out, first_tree = self.correctness()
+        first_out, first_tree = self.correctness(upcoming)
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"])
         if self.dsl_applicable():
             evidence.knockout_changed = self.knockout(first_out, first_tree)
@@ -212,20 +224,25 @@ class Referee:
     def dsl_applicable(self) -> bool:
         return self.device == "cuda" or self.dsl == Dsl.TIRX
 
-    def correctness(self) -> tuple[Any, dict]:
-        """Five draws on fresh inputs; stops at the first failure."""
+    def prepare_draw(self) -> tuple:
+        """A draw from a fresh seed: (seed, inputs, reference, anchor, pristine copy of the inputs)."""
+        seed = secrets.randbits(63)
+        self.details["seeds"].append(seed)
+        with self.step("inputs"):
+            inputs = self.inputs(seed)
+        with self.step("reference"):
+            ref, anchor = self.reference(inputs)
+        with self.step("pristine copy"):
+            pristine = _map(inputs, lambda t: t.detach().to(self.place, copy=True))
+        return seed, inputs, ref, anchor, pristine
+
+    def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
+        """Five draws on fresh inputs (the first one already made); stops at the first failure."""
         self.phase = "correctness"
         self.details["dsl_calls"] = []
         out_digests, ref_digests, first = [], [], None
         for d in range(N_DRAWS):
-            seed = secrets.randbits(63)
-            self.details["seeds"].append(seed)
-            with self.step("inputs"):
-                inputs = self.inputs(seed)
-            with self.step("reference"):
-                ref, anchor = self.reference(inputs)
-            with self.step("pristine copy"):
-                pristine = _map(inputs, lambda t: t.detach().cpu().clone())
+            seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve"):
                 tree = self.transport.share(inputs, f"d{d}")
                 slot_tree, slots = self.transport.slots(ref, f"s{d}")
@@ -262,10 +279,13 @@ class Referee:
             raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: {problem}")
         if not reply.get("copied"):
             raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: the outputs could not be read back as plain tensors")
-        return self.transport.read(slot_tree, slots)
+        return self.transport.read(slot_tree, slots, self.place)
 
     def guard_inputs(self, reply: dict, inputs: Any, tree: dict, pristine: Any, d: int) -> None:
-        now = self.transport.read(tree, inputs if self.device == "cuda" else None)
+        if self.device != "cuda":
+            now = self.transport.read(tree, None)
+        else:  # the shared inputs themselves when judging on the GPU, else a host copy of them
+            now = inputs if self.place == "cuda" else self.transport.read(tree, inputs)
         changed = [p for (p, a), (_, b) in zip(tt.flatten(now, "in"), tt.flatten(pristine, "in"))
                    if isinstance(a, torch.Tensor) and not tt.bitwise_equal(a, b)]
         changed += [p for p in reply.get("mutated", []) if p not in changed]
@@ -285,7 +305,7 @@ class Referee:
                                     "error": reply.get("error")}
         if not reply.get("ok") or not reply.get("copied"):
             return True  # without the DSL calls solve() failed outright: its result depends on them
-        return checks.changed(self.transport.read(slot_tree, slots), out0)
+        return checks.changed(self.transport.read(slot_tree, slots, self.place), out0)
 
     def report(self) -> dict:
         reply = self.ask({"cmd": "report"})
@@ -331,8 +351,9 @@ def _finite(obj: Any) -> Any:
 
 
 def main() -> int:
-    with open(sys.argv[1]) as fh:
-        spec = json.load(fh)
+    spec = wire.await_spec(sys.argv)
+    if spec is None:  # a spare the judge did not need
+        return 0
     os.write(spec["ready_fd"], b"ready")
     os.close(spec["ready_fd"])
     try:
@@ -349,4 +370,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    wire.leave(main())

@@ -83,7 +83,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
 
     def keep(i: int, s: int) -> None:
         if i in picks:
-            snapshots[i] = (pool.seeds[s], referee.transport.read(c_slot_tree, c_slots))
+            snapshots[i] = (pool.seeds[s], referee.transport.read(c_slot_tree, c_slots, referee.place))
 
     kernel_runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     clocks_after = timing.clocks()
