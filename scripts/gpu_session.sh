@@ -9,7 +9,8 @@
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
 #   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
-#   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge.json
+#   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
+#              (BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py")
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
@@ -44,7 +45,12 @@ for stage in "$@"; do
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
-    bench) $PY -m mkb bench judge --repeats "${BENCH_REPEATS:-5}" --json > "$OUT/bench_judge.json" 2>> "$OUT/session.log" ;;
+    bench) for case in ${BENCH_CASES:-p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py}; do
+          IFS=: read -r problem dsl kernel <<< "$case"
+          $PY -m mkb bench judge "$problem" "$kernel" --dsl "$dsl" --repeats "${BENCH_REPEATS:-5}" --json \
+            > "$OUT/bench_judge_${problem}_${dsl}.json" 2>> "$OUT/session.log"
+          log "bench $case exit $?"
+        done ;;
     reference) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;

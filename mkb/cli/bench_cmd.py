@@ -37,6 +37,8 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
 
     Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
     Spread is (max - min) / median of the speedups of `repeats` gradings of the same kernel.
+    Gradings run back to back, as in an agent's session: each finds the judge processes that the
+    previous one started ahead (spare_used), except the first, whose figure is cold_overhead_s.
     Where the overhead goes: median seconds until the judge's processes were ready (startup_s) and
     per grading phase and per step of the correctness draws (phases_s, correctness_s, in --json).
 
@@ -57,7 +59,8 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
         records = [grade(problem, kernel, dsl, device="cuda", timing=mode, settings=settings) for _ in range(repeats)]
         rows.append(summarize(mode, records))
     emit(rows, json_, csv_, title=f"judge benchmark: {problem.id} {dsl} {Path(kernel).name}",
-         columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "startup_s", "wall_s"])
+         columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "cold_overhead_s",
+                  "spare_used", "startup_s", "wall_s"])
 
 
 def summarize(mode: str, records: list) -> dict:
@@ -70,11 +73,16 @@ def summarize(mode: str, records: list) -> dict:
     if not passed:
         return row
     speedups = [r.speedup for r in passed]
-    overheads = [r.wall_s - r.details.get("solve_calls", 0) * r.kernel_ms / 1e3 for r in passed]
+    overheads = [overhead_s(r) for r in passed]
     median = statistics.median(speedups)
     row.update(kernel_ms=statistics.median(r.kernel_ms for r in passed), speedup_median=median,
                spread_pct=100 * (max(speedups) - min(speedups)) / median, speedups=speedups,
-               overhead_s=statistics.median(overheads), wall_s=statistics.median(r.wall_s for r in passed))
+               overhead_s=statistics.median(overheads), overheads_s=overheads,
+               wall_s=statistics.median(r.wall_s for r in passed))
+    warm = [r for r in passed if (r.details.get("spare") or {}).get("used")]
+    row["spare_used"] = f"{len(warm)}/{len(passed)}"
+    if cold := [overhead_s(r) for r in passed if r not in warm]:  # processes started for this grading
+        row["cold_overhead_s"] = statistics.median(cold)
     starts = [r.details["processes_start_s"] for r in passed if r.details.get("processes_start_s") is not None]
     if starts:
         row["startup_s"] = statistics.median(starts)
@@ -83,6 +91,11 @@ def summarize(mode: str, records: list) -> dict:
         row[key] = {name: statistics.median(r.details[key].get(name, 0.0) for r in passed if key in r.details)
                     for name in names}
     return row
+
+
+def overhead_s(record) -> float:
+    """A grading's wall time minus its kernel's own calls (solve calls x kernel_ms)."""
+    return record.wall_s - record.details.get("solve_calls", 0) * record.kernel_ms / 1e3
 
 
 def register(main):
