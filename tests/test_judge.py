@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,90 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     assert row["startup_s"] == 9.0 and row["phases_s"] == {"correctness": 12.0, "import": 2.0}
     assert row["correctness_s"] == {}
     assert row["gpu"] == "NVIDIA H200" and row["environment"] == {"driver": "580.159.04"}
+
+
+def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
+    """A grading starts the next one's processes ahead; a different kind of grading does not take them."""
+    import os
+
+    from mkb.judge import processes
+    from mkb.settings import load_settings
+
+    processes.discard_spares()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    problem, kernel = resolve("p28", catalog), KERNELS / "valid_tirx_p28.py"
+    settings = load_settings(judge_spares=1)
+    first = grade(problem, kernel, "tirx", device="cpu", scale="smoke", settings=settings)
+    second = grade(problem, kernel, "tirx", device="cpu", scale="smoke", settings=settings)
+    assert first.passed and second.passed
+    assert first.details["spare"]["used"] is False
+    assert second.details["spare"]["used"] is True and second.details["spare"]["started_s_before"] > 0
+    assert second.details["processes_start_s"] < first.details["processes_start_s"]
+    other = grade(problem, kernel, "tirx", device="cpu", scale="smoke",
+                  settings=load_settings(judge_spares=1, judge_memory_mb=16384))
+    assert other.passed and other.details["spare"]["used"] is False  # other limits: another kind of launch
+    spares = list(processes._SPARES.values())
+    assert spares and all(s.alive() for s in spares)
+    pids = [c.pid for s in spares for c in s.children.values()]
+    workdirs = [s.workdir for s in spares]
+    processes.discard_spares()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not any(Path(w).exists() for w in workdirs)
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # no pipe end left open by any grading
+    cold = grade(problem, kernel, "tirx", device="cpu", scale="smoke", settings=load_settings(judge_spares=0))
+    assert cold.passed and cold.details["spare"]["used"] is False and not processes._SPARES
+
+
+def test_a_spare_that_is_never_used_exits_on_its_own():
+    """The judge's end of a spare's spec pipe closing (discarded, or the judge died) ends the spare."""
+    import time
+
+    from mkb.judge import processes
+    from mkb.settings import load_settings
+
+    plan = processes.Plan.of(load_settings(), "cpu", False, False, None)
+    launch = processes.Launch(plan)
+    for fd in list(launch._go.values()):  # what the kernel does when the judge's process dies
+        os.close(fd)
+    launch._go.clear()
+    deadline = time.monotonic() + 60
+    while any(c.popen.poll() is None for c in launch.children.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(c.popen.returncode == 0 for c in launch.children.values())
+    launch.close()
+
+
+def test_gpu_fingerprint_tells_outputs_apart_and_equal_bytes_alike():
+    import torch
+
+    from mkb.judge import checks
+
+    x = torch.randn(3 * checks._FINGERPRINT_CHUNK // 2 + 3)  # two chunks, no trailing bytes
+    f = checks.gpu_fingerprint(x)
+    assert checks.gpu_fingerprint(x.clone()) == f
+    for i in (0, 5, checks._FINGERPRINT_CHUNK, x.numel() - 1):  # one word changed anywhere
+        y = x.clone()
+        y[i] = torch.nextafter(y[i], torch.tensor(float("inf")))
+        assert checks.gpu_fingerprint(y) != f
+    swapped = x.clone()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    assert checks.gpu_fingerprint(swapped) != f  # positions matter
+    odd = torch.arange(7, dtype=torch.uint8)
+    assert checks.gpu_fingerprint(odd)[-3:] == (4, 5, 6)  # trailing bytes that make no word
+    sliced = torch.arange(11, dtype=torch.int16)[1:]  # a storage offset that is not word-aligned
+    assert checks.gpu_fingerprint(sliced) == checks.gpu_fingerprint(sliced.clone())
+    assert checks.digest([x, odd]) == checks.digest([x.clone(), odd.clone()]) != checks.digest([swapped, odd])
+
+
+def test_the_profiler_warm_up_imports_nothing_heavy():
+    """torch.profiler.profile imported torch._inductor (dynamo, sympy, Triton): 3-6 s per judge process."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.util, sys; import torch\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'mkb/judge/trace.py')!r})\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.warm_up()\n"
+            "print([n for n in ('torch._inductor', 'torch._dynamo', 'sympy', 'triton') if n in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

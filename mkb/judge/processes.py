@@ -150,6 +150,9 @@ class Launch:
             if child.popen.poll() is None:
                 child.kill()
             child.popen.wait()
+        for child in self.children.values():  # the drain threads close the output pipes at end-of-file
+            child.stdout.thread.join(2.0)
+            child.stderr.thread.join(2.0)
         for fd in (*self.ready.values(), *self._go.values()):
             os.close(fd)
         self.ready.clear()
