@@ -367,7 +367,7 @@ def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     other = grade(problem, kernel, "tirx", device="cpu", scale="smoke",
                   settings=load_settings(judge_spares=1, judge_memory_mb=16384))
     assert other.passed and other.details["spare"]["used"] is False  # other limits: another kind of launch
-    spares = list(processes._SPARES.values())
+    spares = [launch for waiting in processes._SPARES.values() for launch in waiting]
     assert spares and all(s.alive() for s in spares)
     pids = [c.pid for s in spares for c in s.children.values()]
     workdirs = [s.workdir for s in spares]
@@ -376,7 +376,8 @@ def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     assert not any(Path(w).exists() for w in workdirs)
     assert len(os.listdir("/proc/self/fd")) == fds_before  # no pipe end left open by any grading
     cold = grade(problem, kernel, "tirx", device="cpu", scale="smoke", settings=load_settings(judge_spares=0))
-    assert cold.passed and cold.details["spare"]["used"] is False and not processes._SPARES
+    assert cold.passed and cold.details["spare"]["used"] is False
+    assert not any(processes._SPARES.values()) and not any(processes._IN_FLIGHT.values())
 
 
 def test_a_spare_that_is_never_used_exits_on_its_own():
@@ -432,3 +433,20 @@ def test_the_profiler_warm_up_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_concurrent_graders_of_one_kind_keep_a_spare_each(catalog):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mkb.judge import processes
+    from mkb.settings import load_settings
+
+    processes.discard_spares()
+    problem, kernel, settings = resolve("p28", catalog), KERNELS / "valid_tirx_p28.py", load_settings(judge_spares=1)
+    run = lambda _: grade(problem, kernel, "tirx", device="cpu", scale="smoke", settings=settings)  # noqa: E731
+    with ThreadPoolExecutor(2) as pool:
+        assert all(r.passed for r in pool.map(run, range(2)))
+    waiting = [launch for spares in processes._SPARES.values() for launch in spares]
+    assert 1 <= len(waiting) <= 2  # never more spares than gradings that were in flight
+    assert run(0).details["spare"]["used"] is True
+    processes.discard_spares()

@@ -18,7 +18,7 @@ from typing import Callable
 from mkb import environment
 from mkb.errors import MkbError
 from mkb.judge import static
-from mkb.judge.processes import Evaluation, Plan, take
+from mkb.judge.processes import Evaluation, Plan, launched
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
 from mkb.settings import Settings, load_settings
 
@@ -114,13 +114,13 @@ def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, 
     """One run of the judge processes, on a spare Launch when one is waiting (processes.take)."""
     timed = device == "cuda" and timing != "none"
     plan = Plan.of(settings, device, timed, isolate_network, visible_devices)
-    launch, ahead_s = take(plan, keep_spare=settings.judge_spares > 0)
-    try:
-        evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale)
-    except BaseException:
-        launch.close()
-        raise
-    verdict, details, log_tail = evaluation.supervise(timeout_s, now)
+    with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):
+        try:
+            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale)
+        except BaseException:
+            launch.close()
+            raise
+        verdict, details, log_tail = evaluation.supervise(timeout_s, now)
     details["spare"] = {"used": ahead_s is not None, "started_s_before": ahead_s}
     return verdict, details, log_tail
 

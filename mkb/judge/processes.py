@@ -15,8 +15,10 @@ exits; a spare whose parent vanishes reads end-of-file on its spec pipe and exit
 from __future__ import annotations
 
 import atexit
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import select
 import shutil
@@ -24,9 +26,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from mkb.judge import sandbox
 from mkb.records import Dsl, Status
@@ -36,8 +39,9 @@ STARTUP_S = 180.0
 """Time the judge processes get to start (import torch, initialise CUDA) before the timeout clock runs."""
 LOG_TAIL_CHARS = 8000
 MAX_SPARES = 16
-"""Spare Launches kept at most (one per kind; a protocol run pins one kind per GPU)."""
+"""Spare Launches kept at most, over all kinds (a protocol run has one kind per GPU)."""
 _HERE = Path(__file__).resolve().parent
+log = logging.getLogger(__name__)
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 
 
@@ -160,42 +164,58 @@ class Launch:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-_SPARES: dict[Plan, Launch] = {}
+_SPARES: dict[Plan, list[Launch]] = {}
+_IN_FLIGHT: Counter[Plan] = Counter()
 _SPARES_LOCK = threading.Lock()
 
 
-def take(plan: Plan, keep_spare: bool) -> tuple[Launch, float | None]:
-    """The Launch for a grading and, when it is a spare, how many seconds ahead it was started.
+@contextlib.contextmanager
+def launched(plan: Plan, keep_spare: bool) -> Iterator[tuple[Launch, float | None]]:
+    """The Launch for one grading and, when it is a spare, how many seconds ahead it was started.
 
-    With keep_spare, the next Launch of this plan is started now, to warm up while this grading runs.
+    With keep_spare, a Launch of this plan is started now for a grading to come, unless as many
+    spares as gradings of this plan in flight are already waiting (concurrent graders of one GPU
+    each find one).
     """
     with _SPARES_LOCK:
-        spare = _SPARES.pop(plan, None)
-    if spare is not None and not spare.alive():
-        spare.close()
-        spare = None
-    launch = spare or Launch(plan)
-    if keep_spare:
-        _keep(Launch(plan))
-    return launch, (round(time.monotonic() - spare.started, 3) if spare else None)
-
-
-def _keep(launch: Launch) -> None:
-    with _SPARES_LOCK:
-        old = [_SPARES.pop(launch.plan, None)]
-        _SPARES[launch.plan] = launch
-        while len(_SPARES) > MAX_SPARES:
-            old.append(_SPARES.pop(next(iter(_SPARES))))
-    for spare in old:
-        if spare is not None:
+        waiting = _SPARES.setdefault(plan, [])
+        spare = waiting.pop(0) if waiting else None
+        _IN_FLIGHT[plan] += 1
+        wanted = keep_spare and len(waiting) < _IN_FLIGHT[plan]
+    try:
+        if spare is not None and not spare.alive():
             spare.close()
+            spare = None
+        launch = spare or Launch(plan)
+        if wanted:
+            _start_spare(plan)
+        yield launch, (round(time.monotonic() - spare.started, 3) if spare else None)
+    finally:
+        with _SPARES_LOCK:
+            _IN_FLIGHT[plan] -= 1
+
+
+def _start_spare(plan: Plan) -> None:
+    try:
+        launch = Launch(plan)
+    except OSError as exc:  # out of processes or pipes: this grading goes on, a later one starts cold
+        log.warning("could not start spare judge processes: %s", exc)
+        return
+    evicted = []
+    with _SPARES_LOCK:
+        _SPARES.setdefault(plan, []).append(launch)
+        while sum(len(waiting) for waiting in _SPARES.values()) > MAX_SPARES:  # the oldest of other kinds go
+            other = next((p for p, waiting in _SPARES.items() if waiting and p != plan), plan)
+            evicted.append(_SPARES[other].pop(0))
+    for spare in evicted:
+        spare.close()
 
 
 @atexit.register
 def discard_spares() -> None:
     """Kill every spare (at exit, and for callers that want no processes left behind)."""
     with _SPARES_LOCK:
-        spares = list(_SPARES.values())
+        spares = [launch for waiting in _SPARES.values() for launch in waiting]
         _SPARES.clear()
     for spare in spares:
         spare.close()
