@@ -92,6 +92,7 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     assert set(record.details["correctness_s"]) == {"inputs", "reference", "pristine copy", "solve", "read outputs",
                                                     "compare", "digests", "input guard"}
     assert record.details["candidate_startup_s"]["import_torch"] > 0
+    assert len(record.details["solve_step_s"]) == 5
 
 
 def test_huge_output_is_capped_and_forged_verdict_ignored(graded):

@@ -244,10 +244,12 @@ class Referee:
         for d in range(N_DRAWS):
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve"):
+                asked = time.monotonic()
                 tree = self.transport.share(inputs, f"d{d}")
                 slot_tree, slots = self.transport.slots(ref, f"s{d}")
                 reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
                                   "mode": "observe" if d == 0 else "normal"})
+                self.details.setdefault("solve_step_s", []).append(round(time.monotonic() - asked, 3))
             with self.step("read outputs"):
                 out = self.judge_reply(reply, ref, slot_tree, slots, d)
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
