@@ -111,7 +111,7 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
 
 def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, isolate_network, visible_devices,
               now) -> tuple[dict, dict, str]:
-    """One run of the judge processes, on a spare Launch when one is waiting (processes.take)."""
+    """One run of the judge processes, on a spare Launch when one is waiting (processes.launched)."""
     timed = device == "cuda" and timing != "none"
     plan = Plan.of(settings, device, timed, isolate_network, visible_devices)
     with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):

@@ -5,7 +5,7 @@ cold start) and then waits for its spec on a pipe of its own. An Evaluation hand
 and kernel, waits for the verdict under the startup allowance and the hard timeout, kills every
 process group at the end, and turns what happened into a verdict dict for grade().
 
-Spares: while a grading runs, `take` starts the next Launch of the same kind, so the next grading
+Spares: while a grading runs, `launched` starts the next Launch of the same kind, so the next grading
 finds its processes with torch already imported. Each process still serves exactly one grading; a
 spare is only started earlier. Spares are keyed by everything their start depends on (device,
 timing, network isolation, GPU pinning, limits, environment) and are killed when the judge's process

@@ -145,13 +145,17 @@ class Referee:
         self._phase, self._since = name, now
 
     @contextlib.contextmanager
-    def step(self, name: str):
-        """Seconds spent in one step of the correctness draws, summed over draws (details.correctness_s)."""
+    def step(self, name: str, each: str | None = None):
+        """Seconds spent in one step of the correctness draws, summed over draws (details.correctness_s);
+        with `each`, also every draw's own seconds in details[each]."""
         started = time.monotonic()
         try:
             yield
         finally:
-            _add_seconds(self.details.setdefault("correctness_s", {}), name, time.monotonic() - started)
+            spent = time.monotonic() - started
+            _add_seconds(self.details.setdefault("correctness_s", {}), name, spent)
+            if each is not None:
+                self.details.setdefault(each, []).append(round(spent, 3))
 
     def inputs(self, seed: int) -> list:
         """A fresh draw, in the memory the candidate may map (SharedPool)."""
@@ -243,13 +247,11 @@ class Referee:
         out_digests, ref_digests, first = [], [], None
         for d in range(N_DRAWS):
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
-            with self.step("solve"):
-                asked = time.monotonic()
+            with self.step("solve", each="solve_step_s"):
                 tree = self.transport.share(inputs, f"d{d}")
                 slot_tree, slots = self.transport.slots(ref, f"s{d}")
                 reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
                                   "mode": "observe" if d == 0 else "normal"})
-                self.details.setdefault("solve_step_s", []).append(round(time.monotonic() - asked, 3))
             with self.step("read outputs"):
                 out = self.judge_reply(reply, ref, slot_tree, slots, d)
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))

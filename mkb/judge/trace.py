@@ -34,7 +34,7 @@ def warm_up() -> None:
 
 
 def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None]) -> dict:
-    """Run solve() `calls` times under torch.profiler; return kernels and per-call summaries."""
+    """Run solve() `calls` times under the Kineto profiler; return kernels and per-call summaries."""
     marker = torch.zeros(1, device="cuda")
     sync()
     with _profiler("cuda") as prof:
