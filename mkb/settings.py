@@ -37,6 +37,8 @@ class Settings(BaseModel):
     """Bytes of the candidate's stdout/stderr kept; the rest is discarded."""
     judge_spares: int = 1
     """Start the next grading's judge processes ahead (torch imported, waiting) while one runs; 0: always cold."""
+    judge_pin_cpus: bool = True
+    """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
 

@@ -12,7 +12,10 @@
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
 #   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
-#              (BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py")
+#              (BENCH_MODES="paper" for one mode, BENCH_TAG=x to suffix the file names;
+#              BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py")
+#   probe      the in-process timing of short kernels in plain processes under controlled CPU placement
+#              (PROBE_CASES like BENCH_CASES)                     -> spread_probe.json
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
@@ -50,9 +53,12 @@ for stage in "$@"; do
     bench) for case in ${BENCH_CASES:-p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py}; do
           IFS=: read -r problem dsl kernel <<< "$case"
           $PY -m mkb bench judge "$problem" "$kernel" --dsl "$dsl" --repeats "${BENCH_REPEATS:-5}" --json \
-            > "$OUT/bench_judge_${problem}_${dsl}.json" 2>> "$OUT/session.log"
+            ${BENCH_MODES:+$(printf -- '--mode %s ' $BENCH_MODES)} \
+            > "$OUT/bench_judge_${problem}_${dsl}${BENCH_TAG:+_$BENCH_TAG}.json" 2>> "$OUT/session.log"
           log "bench $case exit $?"
         done ;;
+    probe) $PY scripts/gpu_spread_probe.py "$OUT/spread_probe.json" ${PROBE_CASES:-p25:cutedsl:problems/solutions/cutedsl/p25.py} \
+          2>&1 | tee -a "$OUT/session.log" ;;
     reference) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;

@@ -30,9 +30,11 @@ def bench():
 @click.argument("kernel", type=click.Path(dir_okay=False), default=str(DEFAULT_KERNEL))
 @click.option("--dsl", type=click.Choice([str(d) for d in DSLS]), default="cutedsl", show_default=True)
 @click.option("--repeats", type=int, default=5, show_default=True, help="Gradings per timing mode.")
+@click.option("--mode", "modes", type=click.Choice(["paper", "flushed"]), multiple=True,
+              help="Timing mode(s) to benchmark (repeatable; default both).")
 @output_options
 @click.pass_context
-def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
+def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, csv_=False):
     """Judge overhead per evaluation and the spread of speedup over repeated gradings (paper and flushed).
 
     Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
@@ -55,12 +57,12 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, json_=False, csv_=False):
     settings = settings_from(ctx)
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     rows = []
-    for mode in ("paper", "flushed"):
+    for mode in modes or ("paper", "flushed"):
         records = [grade(problem, kernel, dsl, device="cuda", timing=mode, settings=settings) for _ in range(repeats)]
         rows.append(summarize(mode, records))
     emit(rows, json_, csv_, title=f"judge benchmark: {problem.id} {dsl} {Path(kernel).name}",
          columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "cold_overhead_s",
-                  "spare_used", "startup_s", "wall_s"])
+                  "spare_used", "pinned", "startup_s", "wall_s"])
 
 
 def summarize(mode: str, records: list) -> dict:
@@ -78,7 +80,10 @@ def summarize(mode: str, records: list) -> dict:
     row.update(kernel_ms=statistics.median(r.kernel_ms for r in passed), speedup_median=median,
                spread_pct=100 * (max(speedups) - min(speedups)) / median, speedups=speedups,
                overhead_s=statistics.median(overheads), overheads_s=overheads,
+               kernel_ms_each=[r.kernel_ms for r in passed], eager_ms_each=[r.eager_ms for r in passed],
                wall_s=statistics.median(r.wall_s for r in passed))
+    placed = [(r.details.get("timing") or {}).get("cpus") or {} for r in passed]
+    row["pinned"] = f"{sum(p.get('timed') is not None for p in placed)}/{len(passed)}"
     warm = [r for r in passed if (r.details.get("spare") or {}).get("used")]
     row["spare_used"] = f"{len(warm)}/{len(passed)}"
     if cold := [overhead_s(r) for r in passed if r not in warm]:  # processes started for this grading

@@ -116,7 +116,7 @@ def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, 
     plan = Plan.of(settings, device, timed, isolate_network, visible_devices)
     with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):
         try:
-            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale)
+            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus)
         except BaseException:
             launch.close()
             raise

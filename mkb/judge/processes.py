@@ -224,14 +224,16 @@ def discard_spares() -> None:
 class Evaluation:
     """One grading on a Launch: the specs, the supervision and the verdict."""
 
-    def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str):
+    def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str,
+                 pin_cpus: bool = False):
         plan = launch.plan
         self.launch, self.device, self.start_s = launch, plan.device, None
         self.children, self.ready = launch.children, launch.ready
         shutil.copyfile(kernel, launch.stage / "kernel.py")
         common = {"device": plan.device, "workdir": launch.workdir}
         r_spec = {**common, "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
-                  "timing": timing if plan.timed else "none", "ready_fd": launch.ready_fd["referee"]}
+                  "timing": timing if plan.timed else "none", "ready_fd": launch.ready_fd["referee"],
+                  "pin_cpus": pin_cpus}
         specs = {}
         for name, prefix in (("candidate", "c"), ("eager", "e")):
             if name in launch.pipes:

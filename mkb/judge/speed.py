@@ -11,12 +11,13 @@ bracket corroborates it (within BAND); eager_ms comes from the trusted eager pro
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 
 import torch
 
 from mkb import tensortree as tt
-from mkb.judge import checks, timing, wire
+from mkb.judge import checks, cpus, timing, wire
 from mkb.judge.referee import Failure, Referee
 from mkb.judge import policy
 from mkb.records import Status
@@ -55,7 +56,31 @@ def _eager(referee: Referee) -> wire.Channel:
 
 
 def measure(referee: Referee, evidence: policy.Evidence) -> dict:
-    """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate."""
+    """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate.
+
+    With the spec's pin_cpus, the referee and the timed harness each run on a physical core of their
+    own while timing (cpus.py); details.timing.cpus says where they ran, or why nothing was pinned.
+    """
+    wanted = bool(referee.spec.get("pin_cpus"))
+    with cpus.claimed(2, _pci_bus_id()) if wanted else contextlib.nullcontext() as cores:
+        placement = ({"referee": cores[0][0], "timed": cores[1][0], "cores": [list(c) for c in cores]} if cores
+                     else {"referee": None, "timed": None,
+                           "why": "no free physical cores" if wanted else "pinning is off (MKB_JUDGE_PIN_CPUS=0)"})
+        with cpus.pinned(placement["referee"]):
+            result = _measure(referee, evidence, placement["timed"])
+    referee.details["timing"]["cpus"] = placement
+    return result
+
+
+def _pci_bus_id() -> str | None:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    bus = getattr(props, "pci_bus_id", None)
+    if isinstance(bus, int):
+        return f"{getattr(props, 'pci_domain_id', 0):04x}:{bus:02x}:{getattr(props, 'pci_device_id', 0):02x}.0"
+    return bus
+
+
+def _measure(referee: Referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode = referee.spec["timing"]
     referee.phase = "timing: eager"
     eager = _eager(referee)
@@ -66,7 +91,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     flush = timing.flush_buffer() if mode == "flushed" else None
     try:
         e_slots, _ = referee.transport.slots(like, "te")
-        e_bracket = timing.Bracket(eager, pool, e_slots)
+        e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
         floor = timing.in_process_null_ms()
         clocks_before = timing.clocks()
@@ -77,7 +102,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     referee.phase = "timing: kernel"
     c_slot_tree, c_slots = referee.transport.slots(like, "tc")
-    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree)
+    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, cpu=timed_cpu)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 

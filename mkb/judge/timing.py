@@ -86,7 +86,7 @@ def pool_size(set_bytes: int) -> int:
 class Bracket:
     """The referee's side of the per-call event bracket with one harness process."""
 
-    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict):
+    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict, cpu: int | None = None):
         self.channel, self.pool = channel, pool
         self.stream = torch.cuda.Stream()
         self.a = torch.cuda.Event(interprocess=True)
@@ -94,7 +94,7 @@ class Bracket:
             self.a.record()
         torch.cuda.synchronize()
         reply = _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots,
-                                   "event_a": wire.event_handle(self.a)})
+                                   "event_a": wire.event_handle(self.a), "cpu": cpu})
         self.b, self.b2 = wire.open_event(reply["event_b"]), wire.open_event(reply["event_b2"])
         channel.spin = True
         self.t = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
