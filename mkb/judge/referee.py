@@ -131,6 +131,8 @@ class Referee:
         self.details, self.draws = {"seeds": [], "phases_s": {}}, []
         self.place = "cpu"
         """Where draws are judged: their private copies, the comparison, the digests and the input guard."""
+        self.like: Any = None
+        """The reference output's structure (shapes and dtypes, on the meta device): the timing slots' model."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -257,6 +259,7 @@ class Referee:
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
             with self.step("compare"):
                 draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
+            self.like = _map(ref, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
             self.draws.append(draw)
             with self.step("digests"):
                 out_digests.append(checks.digest(out))
