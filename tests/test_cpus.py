@@ -87,3 +87,11 @@ def test_pinned_restores_the_affinity():
     assert os.sched_getaffinity(0) == before
     with cpus.pinned(None):
         assert os.sched_getaffinity(0) == before
+
+
+def test_an_unusable_lock_directory_pins_nothing(tmp_path):
+    sys_cpu = fake_sysfs(tmp_path / "sys", SMT8)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with cpus.claimed(2, directory=blocker / "locks", allowed=set(range(8)), sys_cpu=sys_cpu) as cores:
+        assert cores is None

@@ -81,14 +81,19 @@ def preference(cores: list[tuple[int, ...]], local: set[int]) -> list[tuple[int,
 @contextlib.contextmanager
 def claimed(count: int, pci_bus_id: str | None = None, directory: Path | None = None,
             allowed: set[int] | None = None, sys_cpu: Path = _SYS_CPU) -> Iterator[list[tuple[int, ...]] | None]:
-    """`count` whole physical cores that no other grading on this machine holds, or None."""
+    """`count` whole physical cores that no other grading on this machine holds, or None (also when no
+    further core would stay free, or the lock directory cannot be made)."""
     allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
     cores = physical_cores(allowed, sys_cpu)
     if not cores or len(cores) < count + 1:  # a free core is always left to everything else
         yield None
         return
     directory = directory or lock_dir()
-    directory.mkdir(mode=0o700, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        yield None
+        return
     held: list[tuple[tuple[int, ...], int]] = []
     try:
         for core in preference(cores, gpu_local_cpus(pci_bus_id)):
