@@ -28,6 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mkb.judge.cpus import parse_cpulist, read_sysfs  # noqa: E402
+
 WARMUP, TIMED, SETS = 10, 50, 4
 SPIN = "import os\nr, w = os.pipe()\nos.set_blocking(r, False)\nwhile True:\n    try:\n        os.read(r, 1)\n    except BlockingIOError:\n        pass\n"
 
@@ -51,7 +54,7 @@ def worker(problem_id: str, kernel: str, cpu: int | None) -> None:
     for s in range(SETS):
         torch.manual_seed(1000 + s)
         sets.append(problem.make_inputs(device="cuda", scale="full"))
-    for fn_name, fn in (("kernel", module.solve), ("eager", problem.reference)):
+    for fn in (module.solve, problem.reference):
         fn(*sets[0])
     torch.cuda.synchronize()
     print(json.dumps({"ready": True}), flush=True)
@@ -88,11 +91,11 @@ def topology() -> dict:
     siblings, packages = {}, {}
     for c in cpus:
         base = Path(f"/sys/devices/system/cpu/cpu{c}/topology")
-        siblings[c] = _read(base / "thread_siblings_list")
-        packages[c] = _read(base / "physical_package_id")
+        siblings[c] = read_sysfs(base / "thread_siblings_list")
+        packages[c] = read_sysfs(base / "physical_package_id")
     facts = {"cpus": cpus, "siblings": siblings, "packages": packages, "machine": platform.platform(),
-             "governor": _read(Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")),
-             "numa_nodes": {p.name: _read(p / "cpulist") for p in sorted(Path("/sys/devices/system/node").glob("node*"))}}
+             "governor": read_sysfs(Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")),
+             "numa_nodes": {p.name: read_sysfs(p / "cpulist") for p in sorted(Path("/sys/devices/system/node").glob("node*"))}}
     for cmd in (["nvidia-smi", "topo", "-m"], ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader"],
                 ["lscpu"]):
         try:
@@ -102,16 +105,9 @@ def topology() -> dict:
     bus = facts.get("nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader", "").strip().splitlines()
     if bus:
         dev = bus[0].lower().replace("00000000:", "0000:")
-        facts["gpu_local_cpulist"] = _read(Path(f"/sys/bus/pci/devices/{dev}/local_cpulist"))
-        facts["gpu_numa_node"] = _read(Path(f"/sys/bus/pci/devices/{dev}/numa_node"))
+        facts["gpu_local_cpulist"] = read_sysfs(Path(f"/sys/bus/pci/devices/{dev}/local_cpulist"))
+        facts["gpu_numa_node"] = read_sysfs(Path(f"/sys/bus/pci/devices/{dev}/numa_node"))
     return facts
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return None
 
 
 def _spinner(cpu: int | None) -> subprocess.Popen:
@@ -192,10 +188,10 @@ def run_batch(case: str, configs: list[tuple[str, int | None, list[int | None]]]
 def main(out: str, cases: list[str]) -> None:
     facts = topology()
     cpus = facts["cpus"]
-    first_threads = [c for c in cpus if str(c) == (facts["siblings"][c] or str(c)).replace("-", ",").split(",")[0]]
+    group = {c: sorted(parse_cpulist(facts["siblings"][c]) or {c}) for c in cpus}
+    first_threads = [c for c in cpus if c == group[c][0]]
     others = [c for c in cpus if c not in first_threads]
-    sib = {c: [int(x) for x in (facts["siblings"][c] or str(c)).replace("-", ",").split(",") if int(x) != c]
-           for c in cpus}
+    sib = {c: [x for x in group[c] if x != c] for c in cpus}
     facts["cpu_pairs"] = [cpu_pairs(t, cpus) for t in dict.fromkeys([cpus[0], cpus[len(cpus) // 2]])]
     print(json.dumps(facts["cpu_pairs"]), flush=True)
     rows = []

@@ -42,7 +42,8 @@ def parse_cpulist(text: str | None) -> set[int]:
     return cpus
 
 
-def _read(path: Path) -> str | None:
+def read_sysfs(path: Path) -> str | None:
+    """A sysfs file's text, stripped; None when it cannot be read."""
     try:
         return path.read_text().strip()
     except OSError:
@@ -54,7 +55,7 @@ def physical_cores(allowed: set[int], sys_cpu: Path = _SYS_CPU) -> list[tuple[in
     machine does not describe its topology."""
     cores: set[tuple[int, ...]] = set()
     for cpu in allowed:
-        siblings = parse_cpulist(_read(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list"))
+        siblings = parse_cpulist(read_sysfs(sys_cpu / f"cpu{cpu}" / "topology" / "thread_siblings_list"))
         if not siblings:
             return None
         if siblings <= allowed:
@@ -69,7 +70,7 @@ def gpu_local_cpus(pci_bus_id: str | None, sys_pci: Path = _SYS_PCI) -> set[int]
     bus = pci_bus_id.lower()
     if bus.count(":") == 2 and len(bus.split(":")[0]) > 4:  # nvidia-smi's 8-digit domain
         bus = bus[-12:]
-    return parse_cpulist(_read(sys_pci / bus / "local_cpulist"))
+    return parse_cpulist(read_sysfs(sys_pci / bus / "local_cpulist"))
 
 
 def preference(cores: list[tuple[int, ...]], local: set[int]) -> list[tuple[int, ...]]:

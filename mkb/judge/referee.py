@@ -259,7 +259,6 @@ class Referee:
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
             with self.step("compare"):
                 draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
-            self.like = _map(ref, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
             self.draws.append(draw)
             with self.step("digests"):
                 out_digests.append(checks.digest(out))
@@ -272,6 +271,7 @@ class Referee:
                 self.guard_inputs(reply, inputs, tree, pristine, d)
             if d == 0:
                 first = (out, tree)
+                self.like = _map(ref, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
         return first
 
     def judge_reply(self, reply: dict, ref: Any, slot_tree: dict, slots: Any, d: int) -> Any:

@@ -65,7 +65,7 @@ def measure(referee: Referee, evidence: policy.Evidence) -> dict:
     with cpus.claimed(2, _pci_bus_id()) if wanted else contextlib.nullcontext() as cores:
         placement = ({"referee": cores[0][0], "timed": cores[1][0], "cores": [list(c) for c in cores]} if cores
                      else {"referee": None, "timed": None,
-                           "why": "no free physical cores" if wanted else "pinning is off (MKB_JUDGE_PIN_CPUS=0)"})
+                           "why": "no free physical cores (or no topology, or no lock directory)" if wanted else "pinning is off (MKB_JUDGE_PIN_CPUS=0)"})
         with cpus.pinned(placement["referee"]):
             result = _measure(referee, evidence, placement["timed"])
     referee.details["timing"]["cpus"] = placement
