@@ -8,7 +8,8 @@
 #   scripts/dockerd.sh base-image   build local/debian:bookworm with debootstrap if it is missing
 #   scripts/dockerd.sh install      apt-get install docker.io debootstrap (root; ~35 s)
 #
-# DOCKERD_DIR (default /tmp/docker) holds the data root, exec root, pid file and log.
+# DOCKERD_DIR (default /tmp/docker) holds the data root, exec root, pid file and log. The base image is
+# bootstrapped from the Debian mirror in this machine's own apt sources (or DEBIAN_MIRROR).
 set -euo pipefail
 D=${DOCKERD_DIR:-/tmp/docker}
 BASE_IMAGE=${BASE_IMAGE:-local/debian:bookworm}
@@ -45,11 +46,21 @@ stop() {
   echo stopped
 }
 
+# The Debian mirror this machine's apt already uses (deb822 .sources or a one-line sources.list entry);
+# nothing here names a registry host.
+debian_mirror() {
+  { grep -hs '^URIs:' /etc/apt/sources.list.d/*.sources | awk '{for (i = 2; i <= NF; i++) print $i}'
+    grep -hsE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list | awk '{print $2}'
+  } | grep -m1 -E '/debian/?$' || true
+}
+
 base_image() {
   if docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then echo "$BASE_IMAGE present"; return 0; fi
   command -v debootstrap >/dev/null || { echo "debootstrap is not installed: run '$0 install'" >&2; exit 3; }
+  mirror=${DEBIAN_MIRROR:-$(debian_mirror)}
+  [ -n "$mirror" ] || { echo "no Debian mirror found in /etc/apt/sources.list*: set DEBIAN_MIRROR" >&2; exit 3; }
   rm -rf "$D/rootfs"
-  debootstrap --variant=minbase bookworm "$D/rootfs" http://deb.debian.org/debian > "$D/debootstrap.log" 2>&1 \
+  debootstrap --variant=minbase bookworm "$D/rootfs" "$mirror" > "$D/debootstrap.log" 2>&1 \
     || { echo "debootstrap failed; see $D/debootstrap.log" >&2; exit 1; }
   tar -C "$D/rootfs" -c . | docker import - "$BASE_IMAGE" >/dev/null
   rm -rf "$D/rootfs"
