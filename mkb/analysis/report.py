@@ -12,7 +12,7 @@ from mkb.analysis.claims import Claim, claims_table
 from mkb.analysis.data import Results
 from mkb.analysis.params import footnote
 from mkb.analysis.render import RENDERERS, Table
-from mkb.analysis.site import write_site
+from mkb.analysis.site import check_folder, write_site
 from mkb.analysis.tables import all_tables
 
 
@@ -69,6 +69,8 @@ def write_report(results: Results, out_dir: Path, claims: list[Claim] | None = N
                  with_figures: bool = True, site_db: Path | None = None) -> Report:
     """Write tables/, figures/, params.json and index.md under out_dir (claims.* when claims given), and
     the browsable site (index.html, site/) from the database at site_db when one is given."""
+    if site_db is not None:
+        check_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = all_tables(results)
     if claims is not None:

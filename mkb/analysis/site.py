@@ -27,7 +27,7 @@ from mkb.analysis import highlight
 from mkb.analysis.data import DIRECTION_LABELS, DIRECTIONS, Attempt, Cell, Results
 from mkb.analysis.params import footnote
 from mkb.analysis.render import Table, format_cell
-from mkb.analysis.transcript import clip, load_skill, load_trial, trial_document
+from mkb.analysis.transcript import Loaded, Transcripts, clip
 from mkb.errors import MkbError
 from mkb.store import Store
 
@@ -75,12 +75,22 @@ def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.4g}"
 
 
+def check_folder(out_dir: Path) -> None:
+    """Refuse early (before anything is written) when out_dir/site exists and this command did not write it.
+
+    Raises:
+        MkbError: the folder is someone else's.
+    """
+    site = out_dir / SITE_DIR
+    if site.exists() and not (site / MARKER).is_file():
+        raise MkbError(f"{site} exists and was not written by 'mkb report --html'. Move it away, or "
+                       f"choose another --out.")
+
+
 def _prepare(site: Path) -> None:
-    """Empty site/ if an earlier build wrote it; refuse to touch a folder this command did not write."""
+    """Empty site/ (an earlier build wrote it: check_folder said so) and mark it as ours."""
+    check_folder(site.parent)
     if site.exists():
-        if not (site / MARKER).is_file():
-            raise MkbError(f"{site} exists and was not written by 'mkb report --html'. Move it away, or "
-                           f"choose another --out.")
         shutil.rmtree(site)
     site.mkdir(parents=True)
     (site / MARKER).write_text("This folder is rewritten by every 'mkb report --html'.\n")
@@ -89,7 +99,7 @@ def _prepare(site: Path) -> None:
 def slug(text: str) -> str:
     """A file name for text: lowercase [a-z0-9._-]; when that changed anything, a hash of text is appended
     so that names a model or a database chose can neither escape the folder nor collide."""
-    clean = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-.")[:80] or "x"
+    clean = re.sub(r"\.{2,}", ".", re.sub(r"[^a-z0-9._-]+", "-", text.lower())).strip("-.")[:80] or "x"
     return clean if clean == text else f"{clean}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
 
 
@@ -123,6 +133,7 @@ class _Writer:
                                                f"{c.problem_id}_r{c.replicate}_{c.direction}")
                           for c in results.cells}
         self.pages = 0
+        self.json_written: set[str] = set()
 
     def write(self, relative: str, template: str, **context) -> Path:
         path = self.out / relative
@@ -191,16 +202,15 @@ def _direction(w: _Writer, main: Table, model, direction: str, cells: list[Cell]
             summary=summary, rows=rows, params_note=footnote(w.results.params))
 
 
-def _cell(w: _Writer, store: Store, model, cell: Cell) -> None:
+def _cell(w: _Writer, transcripts: Transcripts, model, cell: Cell) -> None:
     page = w.cell_page(cell)
 
     def link(trial_id: str | None) -> str | None:
         target = w.trial_json(cell.model, trial_id)
         return None if target is None else _up(page) + target
 
-    base, skill = (load_trial(store, cell.model, t) if t else None
-                   for t in (cell.base_trial_id, cell.skill_trial_id))
-    source_skill = load_skill(store, cell.model, cell.source_trial_id)
+    base, skill = (_load(w, transcripts, cell.model, t) for t in (cell.base_trial_id, cell.skill_trial_id))
+    source_skill = transcripts.skill(cell.model, cell.source_trial_id)
     base_kernel, skill_kernel = (v.final_kernel if v else None for v in (base, skill))
     diff = (highlight.kernel_diff(base_kernel, skill_kernel, f"{cell.base_trial_id}/kernel.py",
                                   f"{cell.skill_trial_id}/kernel.py")
@@ -210,26 +220,43 @@ def _cell(w: _Writer, store: Store, model, cell: Cell) -> None:
             sides=[{"role": "base", "title": f"Base: solo {_target_dsl(cell)}", "view": base,
                     "trial_id": cell.base_trial_id, "json": link(cell.base_trial_id)},
                    {"role": "skill", "title": f"Skill-conditioned: {DIRECTION_LABELS[cell.direction]}",
-                    "view": skill, "trial_id": cell.skill_trial_id, "json": link(cell.skill_trial_id),
-                    "skipped": cell.skill_skipped}],
+                    "view": skill, "trial_id": cell.skill_trial_id, "json": link(cell.skill_trial_id)}],
             source_json=link(cell.source_trial_id),
             skill=None if source_skill is None else {
                 "sha256": source_skill["sha256"], "text": clip(source_skill["text"], SKILL_LINES, SKILL_CHARS)},
             diff=diff, direction_href=f"../{cell.direction}.html")
 
 
+def _load(w: _Writer, transcripts: Transcripts, model: str, trial_id: str | None):
+    """The trial's view, writing its JSON file on the way (each trial is read once)."""
+    loaded = transcripts.load(model, trial_id) if trial_id else None
+    if loaded is not None:
+        _write_json(w, model, trial_id, loaded)
+    return loaded.view if loaded else None
+
+
+def _write_json(w: _Writer, model: str, trial_id: str, loaded: Loaded) -> None:
+    target = w.trial_json(model, trial_id)
+    if target is None or target in w.json_written:
+        return
+    path = w.out / target
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(loaded.document, indent=1, sort_keys=True, default=str, ensure_ascii=False) + "\n",
+                    encoding="utf-8", newline="\n")
+    w.json_written.add(target)
+
+
 def _target_dsl(cell: Cell) -> str:
     return DIRECTION_LABELS[cell.direction].split(" → ")[1]
 
 
-def _trial_files(w: _Writer, store: Store) -> int:
+def _remaining_trials(w: _Writer, transcripts: Transcripts) -> None:
+    """JSON files of the trials no cell page showed as base or skill (e.g. a source whose target solo is missing)."""
     for model, trial_id in w.attempts:
-        path = w.out / w.trial_json(model, trial_id)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        document = trial_document(store, model, trial_id)
-        path.write_text(json.dumps(document, indent=1, sort_keys=True, default=str, ensure_ascii=False) + "\n",
-                        encoding="utf-8", newline="\n")
-    return len(w.attempts)
+        if w.trial_json(model, trial_id) not in w.json_written:
+            loaded = transcripts.load(model, trial_id)
+            if loaded is not None:
+                _write_json(w, model, trial_id, loaded)
 
 
 def write_site(db: Path, results: Results, tables: list[Table], figures: list, out_dir: Path) -> Site:
@@ -243,6 +270,7 @@ def write_site(db: Path, results: Results, tables: list[Table], figures: list, o
                                                   + highlight.stylesheet(), encoding="utf-8", newline="\n")
     main = next(t for t in tables if t.name == "table1_main")
     with Store(db, read_only=True) as store:
+        transcripts = Transcripts(store, [m.name for m in results.models])
         for model in results.models:
             for direction in DIRECTIONS:
                 cells = [c for c in results.cells if c.model == model.name and c.direction == direction]
@@ -250,7 +278,7 @@ def write_site(db: Path, results: Results, tables: list[Table], figures: list, o
                     continue
                 _direction(w, main, model, direction, cells)
                 for cell in cells:
-                    _cell(w, store, model, cell)
-        trials = _trial_files(w, store)
+                    _cell(w, transcripts, model, cell)
+        _remaining_trials(w, transcripts)
     index = _index(w, tables, figures)
-    return Site(index=index, pages=w.pages, trials=trials)
+    return Site(index=index, pages=w.pages, trials=len(w.json_written))

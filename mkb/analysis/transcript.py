@@ -176,53 +176,68 @@ def _grading(row: dict) -> Grading:
                    message=clip(str(message or ""), 3, 400).text)
 
 
-def _trial_row(store: Store, model: str, trial_id: str) -> dict | None:
-    found = store.rows("SELECT * FROM trials WHERE model = ? AND trial_id = ?", [model, trial_id])
-    return found[0] if found else None
-
-
-def load_trial(store: Store, model: str, trial_id: str) -> TrialView | None:
-    """The trial's current attempt (trials.attempt_id) with its transcript and gradings; None if no trial."""
-    trial = _trial_row(store, model, trial_id)
-    if trial is None:
-        return None
-    attempt_id = trial["attempt_id"]
-    attempts = store.rows("SELECT attempt_id, message FROM attempts WHERE model = ? AND trial_id = ? "
-                          "ORDER BY started_at, attempt_id", [model, trial_id])
-    current = next((a for a in attempts if a["attempt_id"] == attempt_id), None)
-    messages = store.rows("SELECT * FROM messages WHERE attempt_id = ? ORDER BY seq", [attempt_id])
-    submissions = store.rows("SELECT * FROM submissions WHERE attempt_id = ? ORDER BY n", [attempt_id])
-    final = [s for s in submissions if s["kind"] == "final"]
-    return TrialView(model=model, trial_id=trial_id, arm=trial["arm"], state=trial["state"], status=trial["status"],
-                     speedup=trial["speedup"], attempt_id=attempt_id, ended=current["message"] if current else None,
-                     earlier_attempts=sum(1 for a in attempts if a["attempt_id"] != attempt_id),
-                     entries=tuple(_entry(m) for m in messages), gradings=tuple(_grading(s) for s in submissions),
-                     final_kernel=final[-1]["kernel_source"] if final else None)
-
-
-def load_skill(store: Store, model: str, trial_id: str | None) -> dict | None:
-    """The SKILL.md a solo trial wrote ({'text', 'sha256'}), or None."""
-    if trial_id is None:
-        return None
-    found = store.rows("SELECT text, sha256 FROM skills WHERE model = ? AND trial_id = ?", [model, trial_id])
-    return found[0] if found else None
-
-
-def trial_document(store: Store, model: str, trial_id: str) -> dict:
-    """Everything stored about one trial, unclipped: the trial row, every attempt with its messages and
-    gradings (kernel sources and judge records included), and the skill it wrote."""
-    attempts = []
-    for attempt in store.rows("SELECT * FROM attempts WHERE model = ? AND trial_id = ? ORDER BY started_at, "
-                              "attempt_id", [model, trial_id]):
-        messages = store.rows("SELECT * FROM messages WHERE attempt_id = ? ORDER BY seq", [attempt["attempt_id"]])
-        submissions = store.rows("SELECT * FROM submissions WHERE attempt_id = ? ORDER BY n", [attempt["attempt_id"]])
-        attempts.append(_decoded(attempt) | {"messages": [_decoded(m) for m in messages],
-                                             "submissions": [_decoded(s) for s in submissions]})
-    trial = _trial_row(store, model, trial_id)
-    return {"trial": _decoded(trial) if trial else None, "attempts": attempts,
-            "skill": load_skill(store, model, trial_id)}
-
-
 def _decoded(row: dict) -> dict:
-    return {k: _json(v) if k in ("tool_calls", "extra", "record", "budget", "usage", "fingerprint_parts") else v
-            for k, v in row.items()}
+    return {k: _json(v) if k in _JSON_COLUMNS else v for k, v in row.items()}
+
+
+_JSON_COLUMNS = ("tool_calls", "extra", "record", "budget", "usage", "fingerprint_parts", "params", "versions", "gpus")
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One trial read once: the view a page shows and the document its JSON file holds."""
+
+    view: TrialView
+    document: dict
+    """Everything stored about the trial, unclipped: the trial row, every attempt with its messages and
+    gradings (kernel sources and judge records included), and the skill it wrote."""
+
+
+class Transcripts:
+    """The trials, attempts and skills of the given models, read once; each attempt's messages and
+    gradings read when its trial is loaded."""
+
+    def __init__(self, store: Store, models: list[str]):
+        self.store = store
+        where = f"WHERE model IN ({', '.join('?' * len(models))})" if models else "WHERE false"
+        self._trials = {(r["model"], r["trial_id"]): r
+                        for r in store.rows(f"SELECT * FROM trials {where}", list(models))}
+        self._attempts: dict[tuple[str, str], list[dict]] = {}
+        for row in store.rows(f"SELECT * FROM attempts {where} ORDER BY started_at, attempt_id", list(models)):
+            self._attempts.setdefault((row["model"], row["trial_id"]), []).append(row)
+        self._skills = {(r["model"], r["trial_id"]): {"text": r["text"], "sha256": r["sha256"]}
+                        for r in store.rows(f"SELECT model, trial_id, text, sha256 FROM skills {where}", list(models))}
+
+    def skill(self, model: str, trial_id: str | None) -> dict | None:
+        """The SKILL.md a solo trial wrote ({'text', 'sha256'}), or None."""
+        return self._skills.get((model, trial_id))
+
+    def _attempt(self, attempt: dict) -> tuple[list[dict], list[dict]]:
+        messages = self.store.rows("SELECT * FROM messages WHERE attempt_id = ? ORDER BY seq", [attempt["attempt_id"]])
+        submissions = self.store.rows("SELECT * FROM submissions WHERE attempt_id = ? ORDER BY n",
+                                      [attempt["attempt_id"]])
+        return messages, submissions
+
+    def load(self, model: str, trial_id: str) -> Loaded | None:
+        """The trial's current attempt (trials.attempt_id) as a view, and every attempt in the document;
+        None if the store has no such trial."""
+        trial = self._trials.get((model, trial_id))
+        if trial is None:
+            return None
+        attempts, documents = self._attempts.get((model, trial_id), []), []
+        messages, submissions, current = [], [], None
+        for attempt in attempts:
+            rows = self._attempt(attempt)
+            if attempt["attempt_id"] == trial["attempt_id"]:
+                (messages, submissions), current = rows, attempt
+            documents.append(_decoded(attempt) | {"messages": [_decoded(m) for m in rows[0]],
+                                                  "submissions": [_decoded(s) for s in rows[1]]})
+        final = [s for s in submissions if s["kind"] == "final"]
+        view = TrialView(model=model, trial_id=trial_id, arm=trial["arm"], state=trial["state"],
+                         status=trial["status"], speedup=trial["speedup"], attempt_id=trial["attempt_id"],
+                         ended=current["message"] if current else None,
+                         earlier_attempts=len(attempts) - (current is not None),
+                         entries=tuple(_entry(m) for m in messages),
+                         gradings=tuple(_grading(s) for s in submissions),
+                         final_kernel=final[-1]["kernel_source"] if final else None)
+        return Loaded(view, {"trial": _decoded(trial), "attempts": documents, "skill": self.skill(model, trial_id)})
