@@ -13,8 +13,8 @@ from pygments.lexers import BashLexer, DiffLexer, JsonLexer, MarkdownLexer, Pyth
 _LEXERS = {"python": PythonLexer, "markdown": MarkdownLexer, "bash": BashLexer, "json": JsonLexer,
            "diff": DiffLexer, "text": TextLexer}
 _FORMATTER = HtmlFormatter(cssclass="hl", wrapcode=True)
-DIFF_LINES = 600
-"""A kernel diff shows at most this many lines; the trials' JSON files hold both kernels whole."""
+DIFF_LINES, DIFF_CHARS = 600, 60_000
+"""A kernel diff shows at most this much; the trials' JSON files hold both kernels whole."""
 
 
 def highlight(code: str, lexer: str) -> Markup:
@@ -36,14 +36,16 @@ class KernelDiff:
     added: int
     removed: int
     hidden_lines: int
-    """Diff lines past DIFF_LINES, not shown."""
+    """Diff lines not shown (past DIFF_LINES lines or DIFF_CHARS characters)."""
 
 
-def kernel_diff(old: str, new: str, old_name: str, new_name: str, max_lines: int = DIFF_LINES) -> KernelDiff:
-    """Unified diff (3 lines of context) from old to new, highlighted, at most max_lines lines."""
+def kernel_diff(old: str, new: str, old_name: str, new_name: str) -> KernelDiff:
+    """Unified diff (3 lines of context) from old to new, highlighted, at most DIFF_LINES lines and
+    DIFF_CHARS characters."""
     lines = list(difflib.unified_diff(old.splitlines(), new.splitlines(), old_name, new_name, lineterm=""))
     added = sum(1 for line in lines[2:] if line.startswith("+"))
     removed = sum(1 for line in lines[2:] if line.startswith("-"))
-    shown = lines[:max_lines]
-    html = highlight("\n".join(shown), "diff") if shown else Markup("")
-    return KernelDiff(html, added, removed, len(lines) - len(shown))
+    head = "\n".join(lines[:DIFF_LINES])
+    text = head[:DIFF_CHARS]
+    whole = len(text.splitlines()) - (len(text) < len(head))  # a line cut short counts as not shown
+    return KernelDiff(highlight(text, "diff") if text else Markup(""), added, removed, len(lines) - whole)

@@ -172,7 +172,8 @@ def _index(w: _Writer, tables: list[Table], figures: list) -> Path:
     main = next(t for t in tables if t.name == "table1_main")
     models = []
     for m in w.results.models:
-        directions = [(d, len(cells), w.direction_page(m.name, d)) for d in DIRECTIONS
+        directions = [(d, len(cells), sum(c.complete for c in cells), w.direction_page(m.name, d))
+                      for d in DIRECTIONS
                       if (cells := [c for c in w.results.cells if c.model == m.name and c.direction == d])]
         counted = sum(1 for a in w.results.counted if a.model == m.name)
         models.append({"model": m, "counted": counted, "directions": directions})
@@ -191,11 +192,11 @@ def _index(w: _Writer, tables: list[Table], figures: list) -> Path:
                    cells_table=cells_table, figures=figs, params_note=footnote(w.results.params))
 
 
-def _direction(w: _Writer, main: Table, model, direction: str, cells: list[Cell]) -> None:
+def _direction(w: _Writer, main: Table, model, direction: str, cells: list[Cell], names: dict[str, str]) -> None:
     label = DIRECTION_LABELS[direction]
     summary = replace(main, title="This model and direction in Table 1", notes=(), rows=tuple(
         r for r in main.rows if r["model"] == model.label and r["direction"] == label))
-    rows = [{"cell": c, "href": f"cells/{w.cell_file[c]}.html",
+    rows = [{"cell": c, "href": f"cells/{w.cell_file[c]}.html", "name": names.get(c.problem_id, ""),
              "source": w.attempt(c.model, c.source_trial_id), "base": w.attempt(c.model, c.base_trial_id),
              "skill": w.attempt(c.model, c.skill_trial_id)} for c in _sorted_cells(cells)]
     w.write(w.direction_page(model.name, direction), "direction.html.j2", model=model, direction=direction,
@@ -215,7 +216,7 @@ def _cell(w: _Writer, transcripts: Transcripts, model, cell: Cell) -> None:
     diff = (highlight.kernel_diff(base_kernel, skill_kernel, f"{cell.base_trial_id}/kernel.py",
                                   f"{cell.skill_trial_id}/kernel.py")
             if base_kernel is not None and skill_kernel is not None else None)
-    w.write(page, "cell.html.j2", model=model, cell=cell,
+    w.write(page, "cell.html.j2", model=model, cell=cell, problem_name=transcripts.problem_names.get(cell.problem_id, ""),
             source=w.attempt(cell.model, cell.source_trial_id),
             sides=[{"role": "base", "title": f"Base: solo {_target_dsl(cell)}", "view": base,
                     "trial_id": cell.base_trial_id, "json": link(cell.base_trial_id)},
@@ -276,7 +277,7 @@ def write_site(db: Path, results: Results, tables: list[Table], figures: list, o
                 cells = [c for c in results.cells if c.model == model.name and c.direction == direction]
                 if not cells:
                     continue
-                _direction(w, main, model, direction, cells)
+                _direction(w, main, model, direction, cells, transcripts.problem_names)
                 for cell in cells:
                     _cell(w, transcripts, model, cell)
         _remaining_trials(w, transcripts)

@@ -126,7 +126,7 @@ def _call(raw: Any) -> ToolCall:
     function = raw.get("function") if isinstance(raw, dict) else None
     if not isinstance(function, dict):
         return ToolCall("?", "(malformed tool call)", clip(json.dumps(raw, default=str), TOOL_LINES, TOOL_CHARS), "json")
-    name, arguments = str(function.get("name") or "?"), function.get("arguments") or ""
+    name, arguments = str(function.get("name") or "?")[:80], function.get("arguments") or ""
     args = _json(arguments) if isinstance(arguments, str) and arguments.strip() else (arguments or {})
     if not isinstance(args, dict):
         return ToolCall(name, "(arguments are not a JSON object)", clip(str(arguments), TOOL_LINES, TOOL_CHARS), "text")
@@ -207,6 +207,8 @@ class Transcripts:
             self._attempts.setdefault((row["model"], row["trial_id"]), []).append(row)
         self._skills = {(r["model"], r["trial_id"]): {"text": r["text"], "sha256": r["sha256"]}
                         for r in store.rows(f"SELECT model, trial_id, text, sha256 FROM skills {where}", list(models))}
+        self.problem_names = {r["problem_id"]: r["name"] for r in store.rows("SELECT problem_id, name FROM problems")}
+        """Each problem's name (e.g. fused_add_rmsnorm_h4096_llama31_8b) by id."""
 
     def skill(self, model: str, trial_id: str | None) -> dict | None:
         """The SKILL.md a solo trial wrote ({'text', 'sha256'}), or None."""
