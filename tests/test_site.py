@@ -176,6 +176,18 @@ def test_pages_carry_no_markup_scripts_or_outside_links_from_the_data(scripted_s
     assert "<i>model-b</i>" in "".join(_Page((scripted_site / "index.html").read_text(encoding="utf-8")).text)
 
 
+def test_model_names_cannot_take_the_stylesheet_or_each_others_folders(tmp_path):
+    with Store(tmp_path / "names.duckdb") as store:
+        add_problem(store, 1, "attention")
+        for model in ("style.css", "Model", "model", "model-0d1b0e2a8a"):
+            add_cell_trials(store, model, "p01", {SC: 1.0, ST: 1.0, C2T: 2.0, T2C: 1.0})
+    out = tmp_path / "report"
+    assert run("report", "--db", tmp_path / "names.duckdb", "--out", out, "--html", "--no-figures").exit_code == 0
+    assert (out / "site" / "style.css").is_file() and (out / "site" / "style.css-2" / "cutedsl2tirx.html").is_file()
+    folders = sorted(p.name for p in (out / "site").iterdir() if p.is_dir())
+    assert len(folders) == 4 and "model" in folders
+
+
 def test_cell_page_shows_both_attempts_gradings_skill_and_diff(scripted_site):
     html = (_model_dir(scripted_site, "model-a") / HOSTILE_CELL[1]).read_text(encoding="utf-8")
     text = re.sub(r"\s+", " ", " ".join(_Page(html).text))

@@ -24,10 +24,10 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from mkb.analysis import highlight
-from mkb.analysis.data import DIRECTION_LABELS, DIRECTIONS, Attempt, Cell, Results
+from mkb.analysis.data import DIRECTION_LABELS, DIRECTIONS, Attempt, Cell, Model, Results
 from mkb.analysis.params import footnote
 from mkb.analysis.render import Table, format_cell
-from mkb.analysis.transcript import Loaded, Transcripts, clip
+from mkb.analysis.transcript import Loaded, Transcripts, TrialView, clip
 from mkb.errors import MkbError
 from mkb.store import Store
 
@@ -107,8 +107,8 @@ class _Names:
     """File names, unique within each folder, assigned in a fixed order (so the same database gives the
     same names)."""
 
-    def __init__(self) -> None:
-        self._taken: dict[str, set[str]] = {}
+    def __init__(self, reserved: dict[str, set[str]]) -> None:
+        self._taken = {folder: set(names) for folder, names in reserved.items()}
 
     def assign(self, folder: str, text: str) -> str:
         taken = self._taken.setdefault(folder, set())
@@ -125,7 +125,7 @@ class _Writer:
 
     def __init__(self, out_dir: Path, results: Results):
         self.out, self.results, self.env = out_dir, results, _environment()
-        self.names = _Names()
+        self.names = _Names({"models": {"style.css", MARKER}})  # model folders sit beside these in site/
         self.model_dir = {m.name: self.names.assign("models", m.name) for m in results.models}
         self.attempts = {(a.model, a.trial_id): a for a in results.attempts}
         self.trial_file = {key: self.names.assign(f"trials/{key[0]}", key[1]) for key in self.attempts}
@@ -192,7 +192,8 @@ def _index(w: _Writer, tables: list[Table], figures: list) -> Path:
                    cells_table=cells_table, figures=figs, params_note=footnote(w.results.params))
 
 
-def _direction(w: _Writer, main: Table, model, direction: str, cells: list[Cell], names: dict[str, str]) -> None:
+def _direction(w: _Writer, main: Table, model: Model, direction: str, cells: list[Cell],
+               names: dict[str, str]) -> None:
     label = DIRECTION_LABELS[direction]
     summary = replace(main, title="This model and direction in Table 1", notes=(), rows=tuple(
         r for r in main.rows if r["model"] == model.label and r["direction"] == label))
@@ -203,7 +204,7 @@ def _direction(w: _Writer, main: Table, model, direction: str, cells: list[Cell]
             summary=summary, rows=rows, params_note=footnote(w.results.params))
 
 
-def _cell(w: _Writer, transcripts: Transcripts, model, cell: Cell) -> None:
+def _cell(w: _Writer, transcripts: Transcripts, model: Model, cell: Cell) -> None:
     page = w.cell_page(cell)
 
     def link(trial_id: str | None) -> str | None:
@@ -216,7 +217,8 @@ def _cell(w: _Writer, transcripts: Transcripts, model, cell: Cell) -> None:
     diff = (highlight.kernel_diff(base_kernel, skill_kernel, f"{cell.base_trial_id}/kernel.py",
                                   f"{cell.skill_trial_id}/kernel.py")
             if base_kernel is not None and skill_kernel is not None else None)
-    w.write(page, "cell.html.j2", model=model, cell=cell, problem_name=transcripts.problem_names.get(cell.problem_id, ""),
+    w.write(page, "cell.html.j2", model=model, cell=cell,
+            problem_name=transcripts.problem_names.get(cell.problem_id, ""),
             source=w.attempt(cell.model, cell.source_trial_id),
             sides=[{"role": "base", "title": f"Base: solo {_target_dsl(cell)}", "view": base,
                     "trial_id": cell.base_trial_id, "json": link(cell.base_trial_id)},
@@ -228,7 +230,7 @@ def _cell(w: _Writer, transcripts: Transcripts, model, cell: Cell) -> None:
             diff=diff, direction_href=f"../{cell.direction}.html")
 
 
-def _load(w: _Writer, transcripts: Transcripts, model: str, trial_id: str | None):
+def _load(w: _Writer, transcripts: Transcripts, model: str, trial_id: str | None) -> TrialView | None:
     """The trial's view, writing its JSON file on the way (each trial is read once)."""
     loaded = transcripts.load(model, trial_id) if trial_id else None
     if loaded is not None:
