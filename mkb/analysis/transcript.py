@@ -104,8 +104,8 @@ class TrialView:
     attempt_id: str | None
     ended: str | None
     """How the attempt ended (the attempts table's message)."""
-    earlier_attempts: int
-    """Attempts of this trial before the current one (errored and rerun); they are in the JSON."""
+    other_attempts: int
+    """The trial's other attempts (errored and rerun); the JSON has them."""
     entries: tuple[Entry, ...]
     gradings: tuple[Grading, ...]
     final_kernel: str | None
@@ -137,7 +137,7 @@ def _call(raw: Any) -> ToolCall:
         return ToolCall(name, f"$ {first[:200]}", rest, "bash")
     if name == "write_file" and isinstance(args.get("content"), str):
         path, content = str(args.get("path")), args["content"]
-        lexer = "python" if path.endswith(".py") else "markdown" if path.endswith(".md") else "text"
+        lexer = "python" if path.endswith(".py") else "text"  # Pygments' Markdown reads snake_case as emphasis
         return ToolCall(name, f"{path[:200]} ({len(content.encode())} bytes)",
                         clip(content, TOOL_LINES, TOOL_CHARS), lexer)
     shown = ", ".join(f"{k}={v!r}" for k, v in args.items())
@@ -157,7 +157,7 @@ def _entry(row: dict) -> Entry:
     chars = TOOL_CHARS if role == "tool" else TEXT_CHARS
     elapsed = extra.get("elapsed_s")
     reasoning = extra.get("reasoning")
-    return Entry(seq=row["seq"], role=role, tool=str(extra["tool"]) if extra.get("tool") else None,
+    return Entry(seq=row["seq"], role=role, tool=str(extra["tool"])[:80] if extra.get("tool") else None,
                  elapsed_s=float(elapsed) if isinstance(elapsed, int | float) else None,
                  tokens=(row["prompt_tokens"], row["completion_tokens"] or 0) if row["prompt_tokens"] else None,
                  content=clip(row["content"], lines, chars),
@@ -238,7 +238,7 @@ class Transcripts:
         view = TrialView(model=model, trial_id=trial_id, arm=trial["arm"], state=trial["state"],
                          status=trial["status"], speedup=trial["speedup"], attempt_id=trial["attempt_id"],
                          ended=current["message"] if current else None,
-                         earlier_attempts=len(attempts) - (current is not None),
+                         other_attempts=len(attempts) - (current is not None),
                          entries=tuple(_entry(m) for m in messages),
                          gradings=tuple(_grading(s) for s in submissions),
                          final_kernel=final[-1]["kernel_source"] if final else None)
