@@ -230,6 +230,7 @@ def test_clip_counts_what_it_leaves_out():
     assert clip("a\nb\nc", 2, 100).text == "a\nb" and clip("a\nb\nc", 2, 100).hidden_lines == 1
     assert clip("abc", 5, 2).note == "… 1 more characters not shown; the trial's JSON has the full text"
     assert clip("a\nb", 5, 100).note == "" and clip(None, 5, 5).text == ""
+    assert clip("a\nb\nc\n", 1, 100).lines == 3
 
 
 def test_same_database_gives_the_same_site(scripted_db, tmp_path):

@@ -25,6 +25,8 @@ class Clipped:
     """Whole lines left out (0: every line is shown, though one may be cut short)."""
     hidden_chars: int = 0
     """Characters left out in all."""
+    lines: int = 0
+    """Lines of the whole text."""
 
     @property
     def note(self) -> str:
@@ -41,7 +43,7 @@ def clip(text: str | None, max_lines: int, max_chars: int) -> Clipped:
     lines = text.splitlines(keepends=True)
     shown = "".join(lines[:max_lines])[:max_chars]
     hidden_lines = len(lines) - len(shown.splitlines()) if len(shown) < len(text) else 0
-    return Clipped(shown.rstrip("\n"), hidden_lines, len(text) - len(shown))
+    return Clipped(shown.rstrip("\n"), hidden_lines, len(text) - len(shown), len(lines))
 
 
 @dataclass(frozen=True)
