@@ -101,7 +101,7 @@ def _report_step(db: Path, out: Path, name: str) -> tuple[Step, Path | None]:
     if results.is_empty:
         return Step(name, False, f"{db} holds no finished trials"), None
     claims = load_claims(ARTIFACT / "claims.json")
-    written = write_report(results, out, claims, with_figures=True)
+    written = write_report(results, out, claims, with_figures=True, site_db=db)
     rows = compare(results, claims)
     return Step(name, True, f"{len(written.tables)} tables, {len(written.figures)} figures, "
                             f"{len(rows)} claims compared; start at {written.index}"), written.index

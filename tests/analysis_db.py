@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from mkb.records import FAMILIES, FAMILY_SIZES, Arm, ProblemInfo
+from mkb.records import FAMILIES, FAMILY_SIZES, Arm, JudgeRecord, ProblemInfo
 from mkb.store import Store
 
 
@@ -100,3 +100,27 @@ def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-
                     if not arm.is_skill and rng.random() < 0.97:
                         store.put_skill(model, f"{problem}_r1_{arm}", None, f"skill for {problem} {arm}")
     return path
+
+
+def judge_record(problem: str, dsl: str, status: str = "passed", speedup: float | None = 2.0,
+                 dsl_share: float | None = None, message: str = "") -> JudgeRecord:
+    """A GPU judge record as the judge writes it (timings only when passed; details.dsl_share when given)."""
+    timed = {"kernel_ms": 1.0, "eager_ms": speedup, "speedup": speedup} if status == "passed" else {}
+    return JudgeRecord(status=status, problem=problem, dsl=dsl, device="cuda", message=message or status,
+                       details={} if dsl_share is None else {"dsl_share": dsl_share}, **timed)
+
+
+def add_transcript(store: Store, model: str, trial_id: str, messages: list[dict],
+                   gradings: list[tuple[str, JudgeRecord, str]], ended: str = "finish: the agent called finish",
+                   attempt_id: str | None = None) -> str:
+    """Record an attempt of a trial the way the protocol does: its messages as they happen, its gradings
+    (kind, record, kernel source), its end. Returns the attempt id, for add_trial(..., attempt_id=...)."""
+    attempt_id = attempt_id or f"a-{model}-{trial_id}".replace("/", "-")
+    store.start_attempt(attempt_id, model, trial_id)
+    for seq, message in enumerate(messages):
+        store.add_message(attempt_id, seq, message)
+    for n, (kind, record, source) in enumerate(gradings, start=1):
+        store.add_submission(attempt_id, n, kind, record, kernel_source=source)
+    final = gradings[-1][1] if gradings else None
+    store.finish_attempt(attempt_id, "finished", str(final.status) if final else None, message=ended)
+    return attempt_id

@@ -1,4 +1,5 @@
-"""Write a report directory: every table (Markdown, CSV, LaTeX), every figure (PNG, PDF), index.md."""
+"""Write a report directory: every table (Markdown, CSV, LaTeX), every figure (PNG, PDF), index.md, and on
+request the browsable site (index.html, site/)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from mkb.analysis.claims import Claim, claims_table
 from mkb.analysis.data import Results
 from mkb.analysis.params import footnote
 from mkb.analysis.render import RENDERERS, Table
+from mkb.analysis.site import check_folder, write_site
 from mkb.analysis.tables import all_tables
 
 
@@ -22,6 +24,8 @@ class Report:
     index: Path
     tables: list[Path] = field(default_factory=list)
     figures: list[Path] = field(default_factory=list)
+    site: Path | None = None
+    """index.html of the browsable site, when one was written."""
 
 
 def write_table(table: Table, out_dir: Path) -> list[Path]:
@@ -62,8 +66,11 @@ def _index(results: Results, tables: list[Table], figures: list, out_dir: Path) 
 
 
 def write_report(results: Results, out_dir: Path, claims: list[Claim] | None = None,
-                 with_figures: bool = True) -> Report:
-    """Write tables/, figures/, params.json and index.md under out_dir (claims.* when claims given)."""
+                 with_figures: bool = True, site_db: Path | None = None) -> Report:
+    """Write tables/, figures/, params.json and index.md under out_dir (claims.* when claims given), and
+    the browsable site (index.html, site/) from the database at site_db when one is given."""
+    if site_db is not None:
+        check_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tables = all_tables(results)
     if claims is not None:
@@ -73,5 +80,6 @@ def write_report(results: Results, out_dir: Path, claims: list[Claim] | None = N
     (out_dir / "params.json").write_text(json.dumps(results.params.as_dict(), indent=2, sort_keys=True) + "\n")
     index = out_dir / "index.md"
     index.write_text(_index(results, tables, written, out_dir), encoding="utf-8")
+    site = write_site(site_db, results, tables, written, out_dir).index if site_db is not None else None
     return Report(out_dir=out_dir, index=index, tables=table_paths,
-                  figures=[p for _, paths in written for p in paths])
+                  figures=[p for _, paths in written for p in paths], site=site)

@@ -41,17 +41,21 @@ def _load(store, models: list[str] | None):
 @click.option("--compare-claims", is_flag=True, help="Also compare with the paper's claims and print the comparison.")
 @click.option("--claims", "claims_path", type=click.Path(dir_okay=False), help="Claims file (default artifact/claims.json).")
 @click.option("--no-figures", is_flag=True, help="Tables only (faster).")
+@click.option("--html", is_flag=True,
+              help="Also write a browsable offline site: index.html, a page per model and direction, a page "
+                   "per cell with both transcripts, the skill and the kernel diff, and per-trial JSON.")
 @output_options
 @click.pass_context
-def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, json_=False, csv_=False):
+def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, html, json_=False, csv_=False):
     """Write every table (Markdown, CSV, LaTeX) and figure (PNG, PDF) plus index.md from the database.
 
     Prints the index path (or, with --compare-claims, the claimed-vs-reproduced rows) on stdout.
+    With --html, also index.html and site/: open index.html in any browser (no server needed).
 
     Example:
 
     \b
-        mkb report --db results/mkb.duckdb --out results/report
+        mkb report --db results/mkb.duckdb --out results/report --html
         mkb report --models gpt-5,reference --compare-claims --json
     """
     from mkb.analysis.claims import compare, load_claims
@@ -68,9 +72,10 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, js
             raise MkbError(f"claims file {path} not found. Pass one with --claims (see artifact/claims.json).")
         claims = load_claims(path)
     out = Path(out_dir) if out_dir else settings.home / "report"
-    written = write_report(results, out, claims, with_figures=not no_figures)
+    written = write_report(results, out, claims, with_figures=not no_figures,
+                           site_db=settings.db_path if html else None)
     console.print(f"{len(written.tables)} table files and {len(written.figures)} figure files in {out}; "
-                  f"start at {written.index}")
+                  f"start at {written.site or written.index}")
     if claims is not None:
         emit(compare(results, claims), json_, csv_, title="The paper's claims: claimed vs reproduced",
              columns=None if json_ else COMPARE_COLUMNS)
@@ -78,9 +83,10 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, js
             return
     elif json_:
         click.echo(json.dumps({"index": str(written.index), "tables": [str(p) for p in written.tables],
-                               "figures": [str(p) for p in written.figures]}, indent=2))
+                               "figures": [str(p) for p in written.figures],
+                               "site": None if written.site is None else str(written.site)}, indent=2))
         return
-    click.echo(str(written.index))
+    click.echo(str(written.site or written.index))
 
 
 @click.command(name="export")
