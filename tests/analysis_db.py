@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 
 from mkb.records import FAMILIES, FAMILY_SIZES, Arm, ProblemInfo
-from mkb.store import Store
+from mkb.store import Run, Skill, Store, Trial, now
 
 
 def add_problem(store: Store, number: int, family: str) -> str:
@@ -25,10 +26,21 @@ def add_trial(store: Store, model: str, problem: str, arm: Arm | str, replicate:
     trial_id = f"{problem}_r{replicate}_{arm}"
     if arm.is_skill:
         fields.setdefault("source_trial_id", f"{problem}_r{replicate}_{arm.source}")
-    store.upsert_trial(model, trial_id, problem_id=problem, replicate=replicate, arm=str(arm),
-                       dsl=str(arm.dsl), state=state, status=status if state == "finished" else None,
-                       speedup=speedup if status == "passed" and state == "finished" else None, **fields)
+    store.put(Trial(model=model, trial_id=trial_id, problem_id=problem, replicate=replicate, arm=arm, dsl=arm.dsl,
+                    state=state, status=status if state == "finished" else None,
+                    speedup=speedup if status == "passed" and state == "finished" else None, **fields))
     return trial_id
+
+
+def add_skill(store: Store, model: str, trial_id: str, text: str) -> None:
+    """Record the skill a solo trial left."""
+    store.put(Skill(model=model, trial_id=trial_id, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
+                    created_at=now()))
+
+
+def add_run(store: Store, run_id: str, model: str, is_oracle: bool = False) -> None:
+    """Record a run (the oracle flag is what the analysis reads from it)."""
+    store.put(Run(run_id=run_id, model=model, is_oracle=is_oracle, started_at=now()))
 
 
 def add_cell_trials(store: Store, model: str, problem: str, speedups: dict, replicate: int = 1) -> None:
@@ -98,5 +110,5 @@ def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-
                               wall_s=rng.uniform(300, 2400), queue_s=rng.uniform(0, 60),
                               n_submissions=rng.randint(1, 10))
                     if not arm.is_skill and rng.random() < 0.97:
-                        store.put_skill(model, f"{problem}_r1_{arm}", None, f"skill for {problem} {arm}")
+                        add_skill(store, model, f"{problem}_r1_{arm}", f"skill for {problem} {arm}")
     return path

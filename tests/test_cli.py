@@ -160,7 +160,7 @@ def test_reproduce_slices_the_oracle_to_problems_with_shipped_solutions(mkb_home
 
     settings = load_settings()
     with Store(tmp_path / "r.duckdb") as store:
-        step = _protocol_step(settings, store, "reference", "cpu", None, ["p02"])
+        step = _protocol_step(settings, store, "reference", ["p02"])
         assert not step.ok and "no shipped solution for p02" in step.summary and "p28" in step.summary
-        unknown = _protocol_step(settings, store, "reference", "cpu", None, ["p99"])
+        unknown = _protocol_step(settings, store, "reference", ["p99"])
         assert not unknown.ok and "p99" in unknown.summary
