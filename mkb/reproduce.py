@@ -17,6 +17,7 @@ from mkb import environment
 from mkb.environment import Device, resolve_device
 from mkb.problems import catalog_for
 from mkb.qa import check_problems
+from mkb.records import State
 from mkb.settings import Settings
 from mkb.store import Store
 
@@ -81,7 +82,7 @@ def _protocol_step(settings: Settings, store: Store, model: str, problems: list[
     except MkbError as exc:
         return Step(f"protocol ({model})", False, str(exc))
     label = f"{model} (oracle)" if model == protocol.ORACLE else model
-    return Step(f"protocol ({label})", not progress.by_state.get("infra_error"),
+    return Step(f"protocol ({label})", not progress.by_state.get(State.INFRA_ERROR),
                 f"{progress.done} trials run, {progress.passed} passed, "
                 f"{len(items) - progress.total} reused, over {len(ids)} problems")
 

@@ -188,3 +188,13 @@ def test_typed_rows_go_in_whole_and_come_back_as_records(store):
     assert store.skill("openai/x", trial.trial_id) is None
     with pytest.raises(MkbError, match="no trial or attempt 'p99'"):
         store.find_attempt("p99")
+
+
+def test_views_name_states_statuses_and_arms_only_through_the_enums():
+    import re
+
+    from mkb.records import Arm
+    from mkb.store.database import VIEWS_SQL
+
+    literals = set(re.findall(r"'([a-z0-9_]+)'", VIEWS_SQL.read_text()))
+    assert not literals & {*State, *Status, *Arm}

@@ -8,7 +8,7 @@ import time
 import click
 
 from mkb.cli import command_line, console, emit, run_options, settings_from
-from mkb.records import FAMILIES, Arm
+from mkb.records import FAMILIES, Arm, State
 
 
 class _Live:
@@ -127,7 +127,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     emit(rows, title=f"{model}: {progress.done} trials run in {wall:.0f} s "
                      f"({3600 * progress.done / max(wall, 1e-9):.1f} trials/hour)")
     console.print(f"Results in {settings.db_path}")
-    if progress.by_state.get("infra_error"):
+    if progress.by_state.get(State.INFRA_ERROR):
         sys.exit(1)
 
 

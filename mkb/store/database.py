@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import duckdb
 
 from mkb.errors import MkbError, StoreError
-from mkb.records import State
+from mkb.records import Arm, State, Status
 from mkb.store import migrations
 from mkb.store.rows import Attempt, Message, Row, Skill, StoredSubmission, Trial
 
@@ -119,7 +119,8 @@ class Store:
                     db.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", [version, step.__name__, now()])
 
     def _create_views(self) -> None:
-        for statement in VIEWS_SQL.read_text().split(";\n"):
+        sql = VIEWS_SQL.read_text().format(state=State, status=Status, arm=Arm)
+        for statement in sql.split(";\n"):
             if statement.strip():
                 self.db.execute(statement.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW"))
 
