@@ -24,7 +24,7 @@ from mkb.problems import catalog_for, resolve
 from mkb.protocol.plan import Action, PlanItem
 from mkb.records import Dsl, JudgeRecord, State, Status, TrialSpec
 from mkb.settings import load_settings
-from mkb.store import Run, Store
+from mkb.store import Attempt, Run, Store
 from mkb.trial import fingerprint_parts
 
 EXPECTED_SANDBOX = "subprocess" if bwrap_problem() else "bwrap"
@@ -280,3 +280,36 @@ def test_the_same_attempt_leaves_the_same_rows_through_attempt_and_run_model(llm
     assert {table: len(rows) for table, rows in by_attempt.items()} == {
         "runs": 1, "trials": 1, "attempts": 1, "messages": 12, "submissions": 2, "skills": 1}
     assert by_attempt == by_run_model
+
+
+# -- the golden transcript --------------------------------------------------------------------------------------
+
+GOLDEN = Path(__file__).resolve().parent / "data" / "golden_attempt.json"
+"""A recorded attempt (tests/data/regenerate.py rewrites it): p28 in TIRx, a valid kernel, the real CPU judge."""
+CLOCK = re.compile(r"\[clock: [^;]*;")
+
+
+def _observations(messages) -> list[str]:
+    """What the tools told the model, the clock's times left out (a replay runs without a time budget)."""
+    return [CLOCK.sub("[clock: <time>;", m.content) for m in messages if m.role == "tool"]
+
+
+def test_the_golden_attempt_replays_with_the_same_observations(tmp_path):
+    from mkb.store import ROWS
+
+    rows = json.loads(GOLDEN.read_text())["rows"]
+    db = tmp_path / "golden.duckdb"
+    with Store(db) as store:
+        store.put(*[cls.model_validate(row) for cls in ROWS for row in rows[cls.table]])
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "replay", "p28_r1_solo_tirx", "--device", "cpu",
+                                       "--db", str(db), "--json"])
+    assert result.exit_code == 0, result.stderr
+    assert [(r["kind"], r["recorded_status"], r["replay_status"], r["same_kernel"]) for r in json.loads(result.stdout)] \
+        == [("feedback", "passed", "passed", True), ("final", "passed", "passed", True)]
+    [golden] = rows["attempts"]
+    with Store(db, read_only=True) as store:
+        replayed = next(a for a in store.select(Attempt) if a.attempt_id != golden["attempt_id"])
+        recorded, again = store.messages(golden["attempt_id"]), store.messages(replayed.attempt_id)
+    assert replayed.message.startswith(f"replay of {golden['attempt_id']}") and replayed.state == State.FINISHED
+    assert [m.wire() for m in again if m.role == "assistant"] == [m.wire() for m in recorded if m.role == "assistant"]
+    assert _observations(again) == _observations(recorded)
