@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mkb import docs, manuals
+from mkb.docs import generate
 from mkb.cli import main
 from mkb.settings import load_settings
 
@@ -62,7 +63,7 @@ def test_tirx_entries_carry_the_T_alias(api):
 
 
 def test_unimportable_module_is_skipped_and_listed(tmp_path, monkeypatch):
-    monkeypatch.setattr(docs, "CUTEDSL_MODULES", ("cutlass.no_such_module", "cutlass.cute.nvgpu.warpgroup"))
+    monkeypatch.setattr(generate, "CUTEDSL_MODULES", ("cutlass.no_such_module", "cutlass.cute.nvgpu.warpgroup"))
     report = docs.build_dsl("cutedsl", tmp_path)
     assert [m for m, _ in report.skipped] == ["cutlass.no_such_module"]
     assert [p.file for p in report.pages] == ["cutlass.cute.nvgpu.warpgroup.md"]
