@@ -123,6 +123,17 @@ class Check(StrEnum):
     """The check needs a GPU (or other facility) that this grading did not have."""
 
 
+class Timings(Record):
+    """The timings of a final grading (DESIGN §5); set when it passed on a GPU, None otherwise."""
+
+    speedup: float | None = None
+    """eager_ms / kernel_ms."""
+    kernel_ms: float | None = None
+    """Median of the timed solve() calls."""
+    eager_ms: float | None = None
+    """Median of the timed reference calls, same procedure and judge run."""
+
+
 class ProblemInfo(Record):
     """What the catalog knows about one problem file without importing it."""
 

@@ -23,7 +23,7 @@ from mkb.agent.tools import Submission
 from mkb.agent.workspace import docs_sha256
 from mkb.agent.prompts import templates_sha256
 from mkb.environment import Device, describe, toolchain_versions
-from mkb.records import Record, State, Status, TrialSpec
+from mkb.records import Record, State, Status, Timings, TrialSpec
 from mkb.settings import Settings
 from mkb.store import Attempt, Message, Row, Run, Skill, Store, StoredSubmission, Trial, now
 
@@ -63,19 +63,15 @@ def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget, sourc
                             budget=budget.model_dump(mode="json"))
 
 
-class Outcome(Record):
-    """How one attempt ended, as it is recorded; built from an AttemptResult by Outcome.of on every path."""
+class Outcome(Timings):
+    """How one attempt ended, as it is recorded; built from an AttemptResult by Outcome.of on every path.
+
+    Its timings are the final grading's."""
 
     state: State
     """See State."""
     status: Status | None = None
     """Judge status of the final grading (None unless graded)."""
-    speedup: float | None = None
-    """Final speedup when passed on a GPU."""
-    kernel_ms: float | None = None
-    """Final kernel time."""
-    eager_ms: float | None = None
-    """Eager reference time of the final grading."""
     skill_text: str | None = None
     """SKILL.md as the attempt left it (None when missing or blank)."""
     usage: Usage = Field(default_factory=Usage)

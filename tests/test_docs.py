@@ -101,30 +101,11 @@ def test_example_compiles_for_sm90a_on_cpu(dsl, path, tmp_path):
         assert "wgmma" in ptx and "cp.async.bulk.tensor" in ptx
 
 
-def _cuda_time_us(launch, iters: int = 100) -> float:
-    """Microseconds per launch: the median of 5 batches of iters launches, CUDA events, after 10 warm-ups."""
-    import torch
-
-    for _ in range(10):
-        launch()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            launch()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
-    return sorted(samples)[2]
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dsl,path", EXAMPLES, ids=_ids(EXAMPLES))
 def test_example_runs_and_matches_torch(dsl, path, tmp_path, gpu_records):
-    """Every manual example compiles for this GPU, matches torch on several shapes, and is timed (records:
-    docs_examples.json under --gpu-records)."""
+    """Every manual example compiles for this GPU, matches torch on several shapes, and is timed with its
+    manual's own helper (records: docs_examples.json under --gpu-records)."""
     from dataclasses import asdict
 
     from mkb.environment import gpus
@@ -132,7 +113,9 @@ def test_example_runs_and_matches_torch(dsl, path, tmp_path, gpu_records):
     arch = gpus()[0]["arch"]
     if path.stem.startswith("04") and arch != "sm_90a":
         pytest.skip("the wgmma GEMM example is sm_90a only")
-    result = manuals.run_example(path, tmp_path, arch, run=True, time_fn=_cuda_time_us)
+    manuals.load_example(path, tmp_path)  # puts the manual's helpers (cute_util, tirx_util) on the path
+    helpers = __import__("cute_util" if dsl == "cutedsl" else "tirx_util")
+    result = manuals.run_example(path, tmp_path, arch, run=True, time_fn=helpers.time_us)
     gpu_records("docs_examples", asdict(result))
     assert result.passed, result.error
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from mkb.records import Arm, Dsl, JudgeRecord, State, Status
+from mkb.records import Arm, Dsl, JudgeRecord, State, Status, Timings
 
 
 class Row(BaseModel):
@@ -55,15 +55,15 @@ class Run(Row):
     """Name of the variable that held the key (never the key)."""
     is_oracle: bool = False
     """The run is the built-in reference agent (validated solutions), not a model."""
-    params: dict | None = None
+    params: dict[str, Any] | None = None
     """Model settings, request parameters, budget, sandbox and judge device (one shape on every path)."""
-    versions: dict | None = None
+    versions: dict[str, str] | None = None
     """Toolchain and package versions."""
     git_commit: str | None = None
     """Commit of the mkb checkout ('+dirty' with local changes)."""
     host: str | None = None
     """Host name of the driver."""
-    gpus: list | None = None
+    gpus: list[dict[str, Any]] | None = None
     """The GPUs the judge used."""
     command: str | None = None
     """The command line that started the run."""
@@ -75,8 +75,29 @@ class Run(Row):
     """UTC."""
 
 
-class Trial(Row):
-    """The current state of one trial of one model [model, trial_id]; earlier attempts stay in `attempts`."""
+class Progress(Row):
+    """The columns a trial and an attempt share: where it stands, and when it started and ended."""
+
+    run_id: str | None = None
+    """The run that wrote it."""
+    state: State
+    """See State."""
+    status: Status | None = None
+    """Judge status of the final grading."""
+    fingerprint: str | None = None
+    """sha256 of the trial's fingerprint parts when the attempt began."""
+    message: str | None = None
+    """Why it ended this way (a replay's names the attempt it replays)."""
+    started_at: datetime | None = None
+    """UTC."""
+    finished_at: datetime | None = None
+    """UTC."""
+
+
+class Trial(Progress, Timings):
+    """The current state of one trial of one model [model, trial_id]; earlier attempts stay in `attempts`.
+
+    Its timings are the final grading's."""
 
     table: ClassVar[str] = "trials"
     keys: ClassVar[tuple[str, ...]] = ("model", "trial_id")
@@ -86,8 +107,6 @@ class Trial(Row):
     """Model id."""
     trial_id: str
     """p<NN>_r<k>_<arm>."""
-    run_id: str | None = None
-    """The run that produced the current state."""
     attempt_id: str | None = None
     """The attempt that produced the current state (None when skipped)."""
     problem_id: str
@@ -100,26 +119,10 @@ class Trial(Row):
     """The arm's DSL."""
     source_trial_id: str | None = None
     """Skill arms: the solo trial whose SKILL.md was given (None when the skill came from a file)."""
-    state: State
-    """See State."""
-    status: Status | None = None
-    """Judge status of the final grading."""
-    speedup: float | None = None
-    """eager_ms / kernel_ms of the final grading (set when passed on a GPU)."""
-    kernel_ms: float | None = None
-    """Final grading's kernel time."""
-    eager_ms: float | None = None
-    """Final grading's eager reference time."""
-    fingerprint: str | None = None
-    """sha256 of fingerprint_parts."""
-    fingerprint_parts: dict | None = None
+    fingerprint_parts: dict[str, Any] | None = None
     """What the result depended on: problem, templates, docs, toolchain, source skill, budget."""
     skill_sha256: str | None = None
     """sha256 of the skill text given to a skill trial."""
-    started_at: datetime | None = None
-    """UTC."""
-    finished_at: datetime | None = None
-    """UTC."""
     wall_s: float | None = None
     """Agent time: the attempt's wall clock minus the time its gradings waited for a judge (queue_s)."""
     queue_s: float | None = None
@@ -134,11 +137,9 @@ class Trial(Row):
     """Tokens received over the attempt."""
     cost_usd: float | None = None
     """Provider-reported cost, where reported."""
-    message: str | None = None
-    """Why the trial ended this way."""
 
 
-class Attempt(Row):
+class Attempt(Progress):
     """One attempt at a trial, including errored ones that were rerun and replays [attempt_id]."""
 
     table: ClassVar[str] = "attempts"
@@ -151,26 +152,12 @@ class Attempt(Row):
     """Model id."""
     trial_id: str
     """The trial it is an attempt at."""
-    run_id: str | None = None
-    """The run it belongs to."""
-    state: State
-    """See State."""
-    status: Status | None = None
-    """Judge status of the final grading."""
-    fingerprint: str | None = None
-    """The trial's fingerprint when the attempt began."""
     sandbox: str | None = None
     """How the agent's commands were isolated (bwrap, subprocess, docker:<image>)."""
-    budget: dict | None = None
+    budget: dict[str, Any] | None = None
     """The budget (Budget fields)."""
-    usage: dict | None = None
+    usage: dict[str, Any] | None = None
     """Turns, tokens, reasoning tokens, tool calls, cost (Usage fields)."""
-    message: str | None = None
-    """How it ended (or, for a replay, which attempt it replays)."""
-    started_at: datetime
-    """UTC."""
-    finished_at: datetime | None = None
-    """UTC."""
 
 
 class Message(Row):
@@ -188,7 +175,7 @@ class Message(Row):
     """system, user, assistant or tool."""
     content: str | None = None
     """The text (non-text content as JSON text)."""
-    tool_calls: list | None = None
+    tool_calls: list[dict[str, Any]] | None = None
     """The assistant's tool calls (wire format)."""
     tool_call_id: str | None = None
     """For tool results: the call answered."""
@@ -198,7 +185,7 @@ class Message(Row):
     """Of an assistant reply: tokens sent."""
     completion_tokens: int | None = None
     """Of an assistant reply: tokens received."""
-    extra: dict | None = None
+    extra: dict[str, Any] | None = None
     """Per-message metadata (clock, tool facts, usage details); stripped before each API call."""
     created_at: datetime
     """UTC."""
@@ -210,7 +197,7 @@ class Message(Row):
         return {k: v for k, v in found.items() if v is not None or k == "content"}
 
 
-class StoredSubmission(Row):
+class StoredSubmission(Row, Timings):
     """One graded submission of an attempt, feedback or final [attempt_id, n]."""
 
     table: ClassVar[str] = "submissions"
@@ -221,23 +208,17 @@ class StoredSubmission(Row):
     """The attempt."""
     n: int
     """1-based order; the final grading comes last."""
-    kind: str
+    kind: Literal["feedback", "final"]
     """feedback (the submit tool) or final (the attempt's result)."""
     status: Status
     """Judge status."""
-    speedup: float | None = None
-    """eager_ms / kernel_ms when passed on a GPU."""
-    kernel_ms: float | None = None
-    """Median kernel time."""
-    eager_ms: float | None = None
-    """Median eager reference time."""
     kernel_sha256: str | None = None
     """sha256 of the graded kernel.py."""
     kernel_source: str | None = None
     """The graded kernel.py."""
     queue_s: float | None = None
     """Seconds the grading waited for a judge worker."""
-    record: dict
+    record: dict[str, Any]
     """The full judge record (JudgeRecord fields)."""
     created_at: datetime
     """UTC."""
