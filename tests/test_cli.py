@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import click
@@ -164,3 +165,22 @@ def test_reproduce_slices_the_oracle_to_problems_with_shipped_solutions(mkb_home
         assert not step.ok and "no shipped solution for p02" in step.summary and "p28" in step.summary
         unknown = _protocol_step(settings, store, "reference", ["p99"])
         assert not unknown.ok and "p99" in unknown.summary
+
+
+def test_readme_layout_table_matches_the_tree():
+    """Every path the layout table names exists, and every top-level entry and every part of mkb/ is named."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    table = text[text.index("## Layout"):text.index("## Commands")]
+    named = {p for row in table.splitlines() if row.startswith("| `") for p in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    concrete = {p.rstrip("/") for p in named if "<" not in p}
+    assert [p for p in concrete if not (root / p).exists()] == []
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True).stdout.split()
+    top = {f.split("/")[0] for f in tracked if not f.startswith(".")} | {".ci/run"}
+    parts = {"/".join(f.split("/")[:2]) for f in tracked if f.startswith("mkb/") and not f.endswith(("__init__.py",
+                                                                                                        "__main__.py"))}
+    covered = lambda path: any(path == p or path.startswith(p + "/") or p.startswith(path + "/")  # noqa: E731
+                               for p in concrete)
+    assert sorted(p for p in top | parts if not covered(p)) == []
