@@ -33,7 +33,7 @@ class Settings(BaseModel):
     solutions_dir: Path | None = None
     """Validated solutions (never shown to agents); defaults to <problems_dir>/solutions."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
-    """Where the judge runs kernels: cuda, cpu (the judge's CPU mode, smoke scale), or auto (cuda when a GPU is visible)."""
+    """Where the judge runs kernels: cuda, cpu (the judge's CPU mode, smoke scale), or auto (cuda if one is visible)."""
     arch: str = "sm_90a"
     """GPU architecture to compile for and to name when no GPU is visible (sm_90a Hopper, sm_100a Blackwell)."""
     sandbox: Literal["local", "docker", "none"] = "local"

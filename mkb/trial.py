@@ -19,9 +19,9 @@ from pydantic import Field
 from mkb.agent.budget import Budget, Usage
 from mkb.agent.loop import AttemptResult
 from mkb.agent.model import ModelConfig
+from mkb.agent.prompts import templates_sha256
 from mkb.agent.tools import Submission
 from mkb.agent.workspace import docs_sha256
-from mkb.agent.prompts import templates_sha256
 from mkb.environment import Device, describe, toolchain_versions
 from mkb.records import Record, State, Status, Timings, TrialSpec
 from mkb.settings import Settings
@@ -54,11 +54,12 @@ def sha256_of(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget, source_skill: str | None) -> FingerprintParts:
+def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget,
+                      source_skill: str | None) -> FingerprintParts:
     """The parts a trial has if it runs now; source_skill (the skill's sha256) counts for skill arms only."""
-    dsl = spec.arm.dsl
-    return FingerprintParts(problem=spec.problem.fingerprint, templates=templates_sha256(settings.problems_dir / "templates"),
-                            docs=docs_sha256(settings.problems_dir, dsl), toolchain=toolchain_versions(),
+    return FingerprintParts(problem=spec.problem.fingerprint,
+                            templates=templates_sha256(settings.problems_dir / "templates"),
+                            docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
                             source_skill=source_skill if spec.arm.is_skill else None,
                             budget=budget.model_dump(mode="json"))
 

@@ -63,7 +63,8 @@ def test_plan_actions_from_stored_rows():
 def test_a_changed_problem_makes_finished_trials_stale():
     specs = expand(PROBLEMS[:1], [Arm.SOLO_TIRX], 1)
     old = parts_for(specs[0], None, problem_sha="before")
-    items = plan(specs, {specs[0].trial_id: stored(specs[0], parts=old)}, {specs[0].trial_id: parts_for(specs[0], None)})
+    items = plan(specs, {specs[0].trial_id: stored(specs[0], parts=old)},
+                 {specs[0].trial_id: parts_for(specs[0], None)})
     assert (items[0].action, items[0].reason) == (Action.STALE, "changed: problem")
 
 

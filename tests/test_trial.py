@@ -301,11 +301,12 @@ def test_the_golden_attempt_replays_with_the_same_observations(tmp_path):
     db = tmp_path / "golden.duckdb"
     with Store(db) as store:
         store.put(*[cls.model_validate(row) for cls in ROWS for row in rows[cls.table]])
-    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "replay", "p28_r1_solo_tirx", "--device", "cpu",
-                                       "--db", str(db), "--json"])
+    result = CliRunner().invoke(main, ["--home", str(tmp_path / "home"), "--db", str(db), "replay", "p28_r1_solo_tirx",
+                                       "--device", "cpu", "--json"])
     assert result.exit_code == 0, result.stderr
-    assert [(r["kind"], r["recorded_status"], r["replay_status"], r["same_kernel"]) for r in json.loads(result.stdout)] \
-        == [("feedback", "passed", "passed", True), ("final", "passed", "passed", True)]
+    compared = [(r["kind"], r["recorded_status"], r["replay_status"], r["same_kernel"])
+                for r in json.loads(result.stdout)]
+    assert compared == [("feedback", "passed", "passed", True), ("final", "passed", "passed", True)]
     [golden] = rows["attempts"]
     with Store(db, read_only=True) as store:
         replayed = next(a for a in store.select(Attempt) if a.attempt_id != golden["attempt_id"])

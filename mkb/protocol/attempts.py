@@ -58,7 +58,8 @@ def oracle_model(problem: ProblemInfo, dsl: Dsl, solutions_dir: Path) -> Scripte
     ])
 
 
-def model_config(model: str, base_url: str | None, api_key_env: str | None, sampling: dict | None) -> ModelConfig | None:
+def model_config(model: str, base_url: str | None, api_key_env: str | None,
+                 sampling: dict | None) -> ModelConfig | None:
     """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs."""
     if model == ORACLE:
         return None

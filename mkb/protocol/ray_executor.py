@@ -2,8 +2,8 @@
 
 The driver plans from the store and runs the same ProtocolRun and writer (mkb.trial) as the local executor.
 Each attempt is a Ray task (CPU) running make_attempt on whichever node Ray picks. Its transcript rows reach
-the driver through ray_channel, and its gradings go to ray_judges. A lost worker or node ends its attempt as an infra_error,
-which the next run reruns without charge (docs/ray.md).
+the driver through ray_channel, and its gradings go to ray_judges. A lost worker or node ends its attempt as an
+infra_error, which the next run reruns without charge (docs/ray.md).
 """
 
 from __future__ import annotations
