@@ -184,3 +184,20 @@ def test_readme_layout_table_matches_the_tree():
     covered = lambda path: any(path == p or path.startswith(p + "/") or p.startswith(path + "/")  # noqa: E731
                                for p in concrete)
     assert sorted(p for p in top | parts if not covered(p)) == []
+
+
+@pytest.mark.parametrize("args", [["run-model", "reference", "--problems", "p28", "--arms", "solo_tirx"],
+                                  ["attempt", "p28", "--dsl", "tirx", "--model", "vllm/m", "--base-url", "http://127.0.0.1:9"],
+                                  ["verify", "p28", "--dsl", "tirx", "tests/kernels/valid_tirx_p28.py"],
+                                  ["bench", "judge"]])
+def test_the_device_setting_reaches_every_command_that_grades(args, monkeypatch, tmp_path):
+    """MKB_DEVICE is a setting like any other: asking for a GPU where none is visible is one clear line."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    monkeypatch.setenv("MKB_DEVICE", "cuda")
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    result = run("--db", str(tmp_path / "d.duckdb"), *args)
+    assert result.exit_code == 1
+    assert "no CUDA GPU is visible" in result.stderr or "needs a CUDA GPU" in result.stderr, result.stderr
