@@ -38,7 +38,7 @@ RUN mkb docs build
 
 # Build-time smoke test: both DSLs import and compile a kernel for sm_90a (no GPU needed).
 USER mkb
-RUN MKB_ARCH=sm_90a python -m mkb.dsl_smoke
+RUN if command -v nvcc >/dev/null; then export TVM_CUDA_COMPILE_MODE=nvcc; fi; python -m mkb.dsl_smoke --arch sm_90a
 
 WORKDIR /opt/mkb
 VOLUME /results

@@ -10,7 +10,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from mkb import environment
-from mkb.settings import Settings
+from mkb.settings import Settings, environment as process_environment
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,14 @@ def _torch() -> list[Finding]:
     return found
 
 
-def _dsl(name: str, timeout_s: float) -> Finding:
+def _dsl(name: str, arch: str, timeout_s: float) -> Finding:
     """Import and compile (on a GPU also run) the smallest kernel, in a separate process."""
+    env = process_environment()
+    if shutil.which("nvcc"):  # TIRx compiles through nvcc where there is one (NVRTC otherwise)
+        env.setdefault("TVM_CUDA_COMPILE_MODE", "nvcc")
     try:
-        out = subprocess.run([sys.executable, "-m", "mkb.dsl_smoke", name], capture_output=True, text=True,
-                             timeout=timeout_s)
+        out = subprocess.run([sys.executable, "-m", "mkb.dsl_smoke", name, "--arch", arch], capture_output=True,
+                             text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return Finding(name, "fail", f"compile smoke test ran past {timeout_s:.0f} s", "check the toolchain install")
     if out.returncode != 0:
@@ -113,7 +116,9 @@ def diagnose(settings: Settings, base_url: str | None = None, dsl_timeout_s: flo
     nvcc = shutil.which("nvcc")
     findings.append(Finding("nvcc", "ok" if nvcc else "warn", nvcc or "not on PATH",
                             "" if nvcc else "TIRx compiles to CUDA C only; install the CUDA toolkit for cubins"))
-    findings += [_dsl("cutedsl", dsl_timeout_s), _dsl("tirx", dsl_timeout_s), _database(settings)]
+    gpus = environment.gpus()
+    arch = gpus[0]["arch"] if gpus else settings.arch
+    findings += [_dsl("cutedsl", arch, dsl_timeout_s), _dsl("tirx", arch, dsl_timeout_s), _database(settings)]
     findings += _sandbox()
     findings.append(_endpoint(base_url or settings.base_url))
     return findings

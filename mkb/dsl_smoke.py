@@ -1,32 +1,22 @@
 """Smallest possible kernel in each DSL, to prove a toolchain imports, compiles and (on a GPU) runs.
 
 Used by `mkb doctor` and the image build's smoke test. Both kernels compute y = x + 1 on fp32 vectors.
+Run as `python -m mkb.dsl_smoke [cutedsl] [tirx] [--arch sm_90a]`: on a GPU it compiles for the GPU's own
+architecture and runs; without one it compiles for --arch. TIRx compiles through nvcc when the caller sets
+TVM_CUDA_COMPILE_MODE=nvcc (mkb doctor does where nvcc is on PATH), else through NVRTC.
 """
 
 # no "from __future__ import annotations": both DSLs read the annotations as objects
 
-import os
-import shutil
 import time
 
 
-def _arch() -> str:
-    import torch
-
-    if torch.cuda.is_available():
-        from mkb.environment import gpu_arch
-
-        return gpu_arch(*torch.cuda.get_device_capability())
-    return os.environ.get("MKB_ARCH", "sm_90a")
-
-
-def cutedsl(run: bool) -> str:
+def cutedsl(run: bool, arch: str) -> str:
     """Compile (and with run=True launch and check) a CuTe DSL kernel; returns a one-line summary."""
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-    arch = _arch()
 
     @cute.kernel
     def add_one(x: cute.Tensor, y: cute.Tensor):
@@ -52,16 +42,12 @@ def cutedsl(run: bool) -> str:
     return summary
 
 
-def tirx(run: bool) -> str:
+def tirx(run: bool, arch: str) -> str:
     """Compile (and with run=True launch and check) a TIRx kernel; returns a one-line summary."""
     import torch  # noqa: F401  (before tvm, so TVM's CUDA runtime finds torch's libcudart)
-
-    if shutil.which("nvcc") and "TVM_CUDA_COMPILE_MODE" not in os.environ:
-        os.environ["TVM_CUDA_COMPILE_MODE"] = "nvcc"
     import tvm
     from tvm.script import tirx as T
 
-    arch = _arch()
 
     @T.prim_func
     def add_one(x_ptr: T.handle, y_ptr: T.handle):
@@ -102,12 +88,28 @@ def _check(fn) -> str:
     return "; ran and checked on the GPU"
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str]) -> int:
+    """Smoke-test the named DSLs (default both); one line each on stdout."""
+    import argparse
 
     import torch
 
+    from mkb.environment import gpu_arch
+
+    parser = argparse.ArgumentParser(prog="python -m mkb.dsl_smoke", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="{cutedsl,tirx}", help="the DSLs to test (default both)")
+    parser.add_argument("--arch", default="sm_90a", help="target without a GPU (with one: the GPU's own)")
+    args = parser.parse_args(argv)
+    if unknown := set(args.names) - {"cutedsl", "tirx"}:
+        parser.error(f"unknown DSL {', '.join(sorted(unknown))}: choose cutedsl or tirx")
     gpu = torch.cuda.is_available()
-    names = sys.argv[1:] or ["cutedsl", "tirx"]
-    for name in names:
-        print(f"{name}: {globals()[name](gpu)}", flush=True)
+    arch = gpu_arch(*torch.cuda.get_device_capability()) if gpu else args.arch
+    for name in args.names or ["cutedsl", "tirx"]:
+        print(f"{name}: {globals()[name](gpu, arch)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""Typed records shared by all parts: statuses, DSLs, arms, problem info, judge records."""
+"""Typed records shared by all parts: statuses, trial states, DSLs, arms, problem info, judge records."""
 
 from __future__ import annotations
 
@@ -67,9 +67,6 @@ class Arm(StrEnum):
         return self.source is not None
 
 
-def trial_id(problem_id: str, replicate: int, arm: Arm) -> str:
-    """The protocol's trial id, p<NN>_r<k>_<arm> (DESIGN §1), e.g. p07_r1_cutedsl2tirx_skill."""
-    return f"{problem_id}_r{replicate}_{arm}"
 
 
 class Status(StrEnum):
@@ -95,6 +92,26 @@ class Status(StrEnum):
     """The grading infrastructure failed; never charged to the model, rerun by the protocol."""
 
 
+class State(StrEnum):
+    """Where a trial, attempt or run stands (DESIGN §7); the judge's verdict is a separate Status."""
+
+    RUNNING = "running"
+    """Under way, or its process died before it ended (the next run reruns it)."""
+    FINISHED = "finished"
+    """Ended and its final kernel was graded: the trial counts, whatever the grading's status."""
+    INFRA_ERROR = "infra_error"
+    """The infrastructure failed (model provider, judge, worker); rerun, never charged to the model."""
+    INTERRUPTED = "interrupted"
+    """Cancelled (Ctrl-C, SIGTERM, a killed task) before it ended; rerun next time, never charged."""
+    SKIPPED = "skipped"
+    """A skill trial whose source solo left no SKILL.md: no attempt, scored as no change (DESIGN §6)."""
+
+    @property
+    def is_done(self) -> bool:
+        """A result the plan keeps (finished or skipped); the other states rerun."""
+        return self in (State.FINISHED, State.SKIPPED)
+
+
 class Check(StrEnum):
     """Outcome of one individual check inside a grading."""
 
@@ -104,6 +121,17 @@ class Check(StrEnum):
     """The check ran and failed."""
     NOT_CHECKED = "not_checked"
     """The check needs a GPU (or other facility) that this grading did not have."""
+
+
+class Timings(Record):
+    """The timings of a final grading (DESIGN §5); set when it passed on a GPU, None otherwise."""
+
+    speedup: float | None = None
+    """eager_ms / kernel_ms."""
+    kernel_ms: float | None = None
+    """Median of the timed solve() calls."""
+    eager_ms: float | None = None
+    """Median of the timed reference calls, same procedure and judge run."""
 
 
 class ProblemInfo(Record):
@@ -145,6 +173,31 @@ class ProblemInfo(Record):
     @property
     def slug(self) -> str:
         return f"{self.number:02d}_{self.name}"
+
+
+def trial_id(problem_id: str, replicate: int, arm: Arm) -> str:
+    """The protocol's trial id, p<NN>_r<k>_<arm> (DESIGN §1), e.g. p07_r1_cutedsl2tirx_skill."""
+    return f"{problem_id}_r{replicate}_{arm}"
+
+
+class TrialSpec(Record):
+    """One trial of the protocol: problem × replicate × arm."""
+
+    problem: ProblemInfo
+    """The problem."""
+    replicate: int
+    """Replicate index k >= 1."""
+    arm: Arm
+    """The arm."""
+
+    @property
+    def trial_id(self) -> str:
+        return trial_id(self.problem.id, self.replicate, self.arm)
+
+    @property
+    def source_trial_id(self) -> str | None:
+        """The solo trial whose skill this trial receives (None for solo arms)."""
+        return None if self.arm.source is None else trial_id(self.problem.id, self.replicate, self.arm.source)
 
 
 class TensorMismatch(Record):

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mkb import environment
+from mkb.environment import Device, resolve_device
 from mkb.problems import catalog_for
 from mkb.qa import check_problems
+from mkb.records import State
 from mkb.settings import Settings
 from mkb.store import Store
 
@@ -64,8 +66,7 @@ def _qa_step(settings: Settings, store: Store, scale: str, device: str, env: dic
     return Step(f"problem QA ({scale}, {device})", not failed, summary + (f"; failed: {', '.join(failed)}" if failed else ""))
 
 
-def _protocol_step(settings: Settings, store: Store, model: str, device: str, base_url: str | None,
-                   problems: list[str] | None) -> Step:
+def _protocol_step(settings: Settings, store: Store, model: str, problems: list[str] | None) -> Step:
     from mkb import protocol
     from mkb.errors import MkbError
     from mkb.problems import select
@@ -74,19 +75,14 @@ def _protocol_step(settings: Settings, store: Store, model: str, device: str, ba
         catalog = select(problems, catalog_for(settings.problems_dir), None)
         if model == protocol.ORACLE:  # the oracle covers the problems that have a shipped solution in both DSLs
             catalog = protocol.oracle_problems(settings, catalog)
-    except MkbError as exc:
-        return Step(f"protocol ({model})", False, str(exc))
-    ids = [p.id for p in catalog]
-    slots = [str(g["index"]) for g in environment.gpus()] or ["cpu"]
-    request = protocol.RunRequest(model=model, problems=ids, slots=slots, base_url=base_url)
-    try:
+        ids = [p.id for p in catalog]
+        request = protocol.RunRequest(model=model, problems=ids, base_url=settings.base_url, command="mkb reproduce")
         items = protocol.check_stale(protocol.make_plan(settings, store, request), rerun_stale=False)
-        progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
-                                      protocol.executor_factory("local", "", settings))
+        progress = protocol.execute(settings, store, request, items)
     except MkbError as exc:
         return Step(f"protocol ({model})", False, str(exc))
     label = f"{model} (oracle)" if model == protocol.ORACLE else model
-    return Step(f"protocol ({label})", not progress.by_state.get("infra_error"),
+    return Step(f"protocol ({label})", not progress.by_state.get(State.INFRA_ERROR),
                 f"{progress.done} trials run, {progress.passed} passed, "
                 f"{len(items) - progress.total} reused, over {len(ids)} problems")
 
@@ -118,14 +114,14 @@ def _compare_tables(out: Path) -> Step:
                 + (f"; differ: {', '.join(differ[:5])}" if differ else ""))
 
 
-def reproduce(settings: Settings, model: str | None = None, base_url: str | None = None,
-              problems: list[str] | None = None) -> Reproduction:
+def reproduce(settings: Settings, model: str | None = None, problems: list[str] | None = None) -> Reproduction:
     """Run what this machine can; record it; report what was skipped and why.
 
     `problems` (ids or globs) narrows the protocol run, e.g. to fit a GPU session; QA always covers all
     problems. Finished trials already in the database are reused, so slices add up to the full run."""
     env = environment.describe(with_gpu=True)
-    gpu = env["gpus"][0]["name"] if env["gpus"] else None
+    device: Device = resolve_device(settings)
+    gpu = device.gpus[0]["name"] if device.kind == "cuda" else None
     result = Reproduction(gpu=gpu)
     result.steps.append(Step("environment", True, f"GPU {gpu or 'none'}; driver {env.get('driver') or '-'}; "
                              + ", ".join(f"{k} {v}" for k, v in env["versions"].items())))
@@ -136,8 +132,7 @@ def reproduce(settings: Settings, model: str | None = None, base_url: str | None
         else:
             result.steps.append(Step("problem QA (full, cuda)", True, "skipped: needs a CUDA GPU", skipped=True))
         if model or gpu:
-            result.steps.append(_protocol_step(settings, store, model or "reference", "cuda" if gpu else "cpu",
-                                               base_url, problems))
+            result.steps.append(_protocol_step(settings, store, model or "reference", problems))
         else:
             result.steps.append(Step("protocol (reference oracle)", True,
                                      "skipped: grading kernels needs a CUDA GPU (or pass MODEL=... to run a model)",

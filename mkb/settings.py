@@ -1,9 +1,14 @@
-"""Settings: every knob, built once from flags, MKB_* environment variables and defaults."""
+"""Settings: every knob, built once from flags, MKB_* environment variables and defaults.
+
+The only module that reads the process environment: the CLI builds Settings once per command and
+passes them down; library code takes them (and the device resolved from them) as arguments.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,8 +32,14 @@ class Settings(BaseModel):
     """Root of the problem set (problems/<family>/<NN>_<name>.py)."""
     solutions_dir: Path | None = None
     """Validated solutions (never shown to agents); defaults to <problems_dir>/solutions."""
-    device: str = "auto"
-    """Where the judge runs kernels: cuda, cpu, or auto (cuda when a GPU is visible)."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the judge runs kernels: cuda, cpu (the judge's CPU mode, smoke scale), or auto (cuda if one is visible)."""
+    arch: str = "sm_90a"
+    """GPU architecture to compile for and to name when no GPU is visible (sm_90a Hopper, sm_100a Blackwell)."""
+    sandbox: Literal["local", "docker", "none"] = "local"
+    """Where the agent's commands run: local (bubblewrap; a loud plain-subprocess fallback), docker, none."""
+    image: str = "mkb:latest"
+    """Image of the attempt containers when sandbox is docker."""
     judge_timeout_s: float = 600.0
     """Hard wall-clock limit for one judge child process."""
     judge_memory_mb: int = 32768

@@ -1,207 +1,219 @@
-"""One recorded attempt: prepare its workspace, run the agent, write everything to the store; and replays."""
+"""The one writer of a trial's rows: its run, attempts, trial row, transcript, submissions and skill.
+
+`mkb attempt`, `mkb replay` and `mkb run-model` (local and Ray) all record through this module, so the
+same attempt leaves the same rows whichever path ran it. Rows are typed (mkb.store.rows) and written
+whole; the transcript and submissions go to a sink as they happen (the Store, or a Ray outbox that
+forwards them to the driver, the only process that writes the database).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import shlex
-import sys
 import uuid
 from dataclasses import dataclass
-from functools import partial
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from mkb import environment
-from mkb.agent import (AttemptResult, Budget, Gpu, LocalExecutor, ModelConfig, ScriptedModel, Submission,
-                       docs_sha256, prepare_workspace, run_attempt, templates_sha256)
-from mkb.agent.executor import Executor
-from mkb.agent.model import Model
-from mkb.agent.prompts import toolchain_versions
-from mkb.agent.tools import Grade
-from mkb.errors import MkbError
-from mkb.problems import catalog_for, resolve
-from mkb.records import Arm, Dsl, ProblemInfo, trial_id
+from pydantic import Field
+
+from mkb.agent.budget import Budget, Usage
+from mkb.agent.loop import AttemptResult
+from mkb.agent.model import ModelConfig
+from mkb.agent.prompts import templates_sha256
+from mkb.agent.tools import Submission
+from mkb.agent.workspace import docs_sha256
+from mkb.environment import Device, describe, toolchain_versions
+from mkb.records import Record, State, Status, Timings, TrialSpec
 from mkb.settings import Settings
-from mkb.store import Store, now
-
-log = logging.getLogger(__name__)
-
-SANDBOXES = ("local", "docker", "none")
-"""local: bubblewrap (plain subprocess, loudly, where it cannot run); docker: a container; none: no isolation."""
+from mkb.store import Attempt, Message, Row, Run, Skill, Store, StoredSubmission, Trial, now
 
 
-def arm_for(dsl: Dsl, with_skill: bool) -> Arm:
-    """The arm of a single attempt: solo, or the skill arm that targets dsl."""
-    if not with_skill:
-        return Arm(f"solo_{dsl}")
-    return Arm.CUTEDSL2TIRX_SKILL if dsl == Dsl.TIRX else Arm.TIRX2CUTEDSL_SKILL
+class FingerprintParts(Record):
+    """What a trial's result depends on besides the model (DESIGN §7)."""
+
+    problem: str
+    """sha256 of the problem file."""
+    templates: str
+    """sha256 of the agent's prompt templates."""
+    docs: str
+    """sha256 of the DSL docs given to the agent."""
+    toolchain: dict[str, str]
+    """Toolchain versions (torch, cutlass-dsl, tvm)."""
+    source_skill: str | None = None
+    """sha256 of the transferred skill (skill arms only)."""
+    budget: dict = {}
+    """The attempt budget (wall clock, submissions, caps)."""
+
+    @property
+    def sha256(self) -> str:
+        """The trial's fingerprint: sha256 over the canonical JSON of the parts."""
+        return sha256_of(self.model_dump(mode="json"))
 
 
-def make_executor(sandbox: str, workspace: Path, settings: Settings, image: str) -> Executor:
-    """The executor for a sandbox kind (local: bubblewrap; docker: a container; none: no isolation)."""
-    if sandbox == "docker":
-        from mkb.agent.docker_executor import DockerExecutor
-
-        return DockerExecutor(workspace, image)
-    return LocalExecutor(workspace, isolate=sandbox == "local",
-                         hide=(settings.home, settings.problems_dir, settings.solutions_path))
-
-
-def fingerprint_parts(problem: ProblemInfo, dsl: Dsl, settings: Settings, budget: Budget,
-                      skill_sha256: str | None) -> dict[str, Any]:
-    """What the attempt's result depends on besides the model (DESIGN §7): the same parts, hashed the same
-    way, as mkb.protocol's plan, so run-model can reuse a trial recorded by `mkb attempt`."""
-    return {"problem": problem.fingerprint, "templates": templates_sha256(settings.problems_dir / "templates"),
-            "docs": docs_sha256(settings.problems_dir, dsl), "toolchain": toolchain_versions(),
-            "source_skill": skill_sha256, "budget": budget.model_dump(mode="json")}
-
-
-def _sha256(value: Any) -> str:
+def sha256_of(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
-@dataclass
-class Recorded:
-    """A stored attempt: where to find it, and what happened."""
-
-    trial_id: str
-    attempt_id: str
-    result: AttemptResult
-
-
-def run_trial(store: Store, settings: Settings, problem: ProblemInfo, dsl: Dsl, config: ModelConfig, model: Model, *,
-              grade: Grade, budget: Budget = Budget(), skill_text: str | None = None, sandbox: str = "local",
-              image: str = "mkb:latest", gpu: Gpu = Gpu()) -> Recorded:
-    """Run one attempt and store it: run, attempt, messages, submissions, skill and the trial row.
-
-    The transcript and submissions are written as they happen; the closing rows are written in
-    `finally`, so an interrupted attempt is recorded as such.
-    """
-    arm = arm_for(dsl, skill_text is not None)
-    tid, run_id, attempt_id = trial_id(problem.id, 1, arm), uuid.uuid4().hex, uuid.uuid4().hex
-    skill_sha = hashlib.sha256(skill_text.encode()).hexdigest() if skill_text is not None else None
-    parts = fingerprint_parts(problem, dsl, settings, budget, skill_sha)
-    workspace = prepare_workspace(problem, dsl, settings.home / "attempts" / attempt_id / "workspace",
-                                  settings.problems_dir)
-    executor = make_executor(sandbox, workspace, settings, image)
-    store.start_run(run_id, config.spec, provider=config.provider, base_url=config.base_url,
-                    api_key_env=config.api_key_env, params=_params(config, budget), versions=environment.versions(),
-                    git_commit=environment.git_commit(), host=environment.describe(with_gpu=False)["host"],
-                    command=shlex.join(sys.argv))
-    store.start_attempt(attempt_id, config.spec, tid, run_id=run_id, fingerprint=_sha256(parts),
-                        sandbox=executor.isolation, budget=budget.model_dump(mode="json"))
-    store.upsert_trial(config.spec, tid, run_id=run_id, attempt_id=attempt_id, problem_id=problem.id, replicate=1,
-                       arm=str(arm), dsl=str(dsl), state="running", fingerprint=_sha256(parts),
-                       fingerprint_parts=parts, skill_sha256=skill_sha, started_at=now())
-    result = None
-    try:
-        result = run_attempt(problem, dsl, model, executor, budget, grade=grade,
-                             on_message=partial(store.add_message, attempt_id),
-                             on_submission=partial(_store_submission, store, attempt_id), skill_text=skill_text,
-                             gpu=gpu, problems_dir=settings.problems_dir)
-    finally:
-        executor.close()
-        _record_end(store, config.spec, tid, run_id, attempt_id, result)
-    return Recorded(tid, attempt_id, result)
+def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget,
+                      source_skill: str | None) -> FingerprintParts:
+    """The parts a trial has if it runs now; source_skill (the skill's sha256) counts for skill arms only."""
+    return FingerprintParts(problem=spec.problem.fingerprint,
+                            templates=templates_sha256(settings.problems_dir / "templates"),
+                            docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
+                            source_skill=source_skill if spec.arm.is_skill else None,
+                            budget=budget.model_dump(mode="json"))
 
 
-def _params(config: ModelConfig, budget: Budget) -> dict[str, Any]:
-    return {**config.model_dump(mode="json", exclude={"model", "provider", "base_url", "api_key_env"}),
-            "request": config.request_params(), "budget": budget.model_dump(mode="json")}
+class Outcome(Timings):
+    """How one attempt ended, as it is recorded; built from an AttemptResult by Outcome.of on every path.
 
+    Its timings are the final grading's."""
 
-def _store_submission(store: Store, attempt_id: str, s: Submission) -> None:
-    store.add_submission(attempt_id, s.n, s.kind, s.record, kernel_source=s.kernel_source,
-                         kernel_sha256=s.kernel_sha256, queue_s=s.queue_s)
+    state: State
+    """See State."""
+    status: Status | None = None
+    """Judge status of the final grading (None unless graded)."""
+    skill_text: str | None = None
+    """SKILL.md as the attempt left it (None when missing or blank)."""
+    usage: Usage = Field(default_factory=Usage)
+    """Turns, tokens, tool calls, cost."""
+    n_submissions: int = 0
+    """Feedback submissions charged."""
+    wall_s: float = 0.0
+    """Agent time: the attempt's wall clock minus the time its gradings waited for a judge."""
+    queue_s: float = 0.0
+    """Seconds the gradings waited for a judge worker."""
+    sandbox: str | None = None
+    """How the agent's commands were isolated (bwrap, subprocess, docker:<image>)."""
+    message: str = ""
+    """Why it ended this way."""
 
-
-def _record_end(store: Store, model: str, tid: str | None, run_id: str, attempt_id: str,
-                result: AttemptResult | None) -> None:
-    if result is None:
-        store.finish_attempt(attempt_id, "interrupted", None, message="the attempt did not finish")
-        if tid:
-            store.upsert_trial(model, tid, state="interrupted", finished_at=now(), message="the attempt did not finish")
-        store.finish_run(run_id, "interrupted")
-        return
-    usage = result.usage.model_dump()
-    store.finish_attempt(attempt_id, result.state, result.status, usage=usage, message=result.message)
-    if tid:
+    @classmethod
+    def of(cls, result: AttemptResult) -> Outcome:
+        """The recorded view of an agent attempt."""
         final = result.final
-        store.upsert_trial(model, tid, state=result.state, status=result.status, speedup=result.speedup,
-                           kernel_ms=final.kernel_ms if final else None, eager_ms=final.eager_ms if final else None,
-                           finished_at=now(), wall_s=result.wall_s, queue_s=result.queue_s,
-                           n_submissions=result.n_submissions, n_turns=result.usage.n_turns,
-                           prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens,
-                           cost_usd=result.usage.cost_usd, message=result.message)
-        if result.skill_text is not None and result.state == "finished":
-            store.put_skill(model, tid, attempt_id, result.skill_text)
-    store.finish_run(run_id, result.state)
+        return cls(state=State(result.state), status=result.status, speedup=final.speedup if final else None,
+                   kernel_ms=final.kernel_ms if final else None, eager_ms=final.eager_ms if final else None,
+                   skill_text=result.skill_text, usage=result.usage, n_submissions=result.n_submissions,
+                   wall_s=max(0.0, result.wall_s - result.queue_s), queue_s=result.queue_s, sandbox=result.isolation,
+                   message=f"{result.ending}: {result.message}" if result.message else result.ending)
 
 
-def find_attempt(store: Store, key: str) -> dict[str, Any]:
-    """An attempt row by attempt id (or a unique prefix), or a trial id's current attempt.
+def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: Budget, settings: Settings,
+              device: Device, command: str, provider: str | None = None) -> str:
+    """Record the start of a run (protocol, single attempt or replay) in one shape on every path; its id.
 
-    Raises:
-        MkbError: nothing matches, or a prefix is ambiguous.
+    config is None for the `reference` oracle (provider 'oracle') and for replays (provider 'replay').
     """
-    trial = store.rows("SELECT attempt_id FROM trials WHERE trial_id = ? AND attempt_id IS NOT NULL "
-                       "ORDER BY started_at DESC NULLS LAST LIMIT 1", [key])
-    found = store.rows("SELECT * FROM attempts WHERE attempt_id = ?", [trial[0]["attempt_id"]]) if trial else \
-        store.rows("SELECT * FROM attempts WHERE attempt_id LIKE ? ORDER BY started_at", [key + "%"])
-    if not found:
-        raise MkbError(f"no trial or attempt '{key}' in {store.path}. List them with "
-                       f"mkb db query \"SELECT trial_id, attempt_id, state, status FROM attempts\".")
-    if len(found) > 1:
-        raise MkbError(f"'{key}' matches {len(found)} attempts; give more of the attempt id.")
-    return found[0]
+    params = {"model": config.model_dump(mode="json", exclude={"model", "provider", "base_url", "api_key_env"})
+              if config else None, "request": config.request_params() if config else None,
+              "budget": budget.model_dump(mode="json"), "sandbox": settings.sandbox,
+              "image": settings.image if settings.sandbox == "docker" else None, "device": device.kind,
+              "scale": device.scale}
+    facts = describe(with_gpu=False)
+    run = Run(run_id=uuid.uuid4().hex, model=model, provider=provider or (config.provider if config else "oracle"),
+              base_url=config.base_url if config else None, api_key_env=config.api_key_env if config else None,
+              is_oracle=config is None and provider is None, params=params, versions=facts["versions"],
+              git_commit=facts["git_commit"], host=facts["host"], gpus=device.gpus, command=command,
+              started_at=now())
+    store.put(run)
+    return run.run_id
 
 
-def recorded_replies(store: Store, attempt_id: str) -> list[dict[str, Any]]:
-    """The assistant messages of a stored attempt, in wire format."""
-    replies = []
-    for m in store.messages(attempt_id):
-        if m["role"] == "assistant":
-            calls = json.loads(m["tool_calls"]) if isinstance(m["tool_calls"], str) else m["tool_calls"]
-            replies.append({"role": "assistant", "content": m["content"], "tool_calls": calls or []})
-    return replies
+class Sink(Protocol):
+    """Where transcript rows go as they happen: the Store, or a Ray outbox to the driver's Store."""
+
+    def add(self, row: Row) -> None: ...
 
 
-def replay(store: Store, settings: Settings, key: str, *, grade_for, sandbox: str = "local",
-           image: str = "mkb:latest", gpu: Gpu = Gpu()) -> tuple[dict[str, Any], Recorded]:
-    """Re-run a stored attempt's tool calls in a fresh workspace against the current toolchain and judge.
+@dataclass(frozen=True)
+class Transcript:
+    """Writes one attempt's messages and gradings to a sink, each as it happens."""
 
-    The replay is stored as a new attempt of the same trial (its trial row is left alone).
-    grade_for(problem, dsl) returns the grade callable. Returns (the original attempt row, the replay).
-    """
-    original = find_attempt(store, key)
-    trial = store.rows("SELECT * FROM trials WHERE model = ? AND trial_id = ?", [original["model"], original["trial_id"]])
-    if not trial:
-        raise MkbError(f"attempt {original['attempt_id']} has no trial row; cannot tell its problem and DSL.")
-    problem = resolve(trial[0]["problem_id"], catalog_for(settings.problems_dir))
-    dsl = Dsl(trial[0]["dsl"])
-    skill = store.skill(original["model"], trial[0]["source_trial_id"]) if trial[0]["source_trial_id"] else None
-    budget = Budget(**{**(json.loads(original["budget"]) if original["budget"] else {}), "wall_s": None})
-    run_id, attempt_id = uuid.uuid4().hex, uuid.uuid4().hex
-    workspace = prepare_workspace(problem, dsl, settings.home / "attempts" / attempt_id / "workspace",
-                                  settings.problems_dir)
-    executor = make_executor(sandbox, workspace, settings, image)
-    store.start_run(run_id, original["model"], provider="replay", versions=environment.versions(),
-                    git_commit=environment.git_commit(), command=shlex.join(sys.argv))
-    store.start_attempt(attempt_id, original["model"], original["trial_id"], run_id=run_id,
-                        sandbox=executor.isolation, budget=budget.model_dump(mode="json"),
-                        message=f"replay of {original['attempt_id']}")
-    result = None
-    try:
-        result = run_attempt(problem, dsl, ScriptedModel(recorded_replies(store, original["attempt_id"])), executor,
-                             budget, grade=grade_for(problem, dsl), on_message=partial(store.add_message, attempt_id),
-                             on_submission=partial(_store_submission, store, attempt_id),
-                             skill_text=skill["text"] if skill else None, gpu=gpu, problems_dir=settings.problems_dir)
-    finally:
-        executor.close()
-        _record_end(store, original["model"], None, run_id, attempt_id, result)
-    if result is not None:
-        store.finish_attempt(attempt_id, result.state, result.status, usage=result.usage.model_dump(),
-                             message=f"replay of {original['attempt_id']}: {result.message}")
-    return original, Recorded(original["trial_id"], attempt_id, result)
+    sink: Sink
+    attempt_id: str
+
+    def message(self, seq: int, message: dict[str, Any]) -> None:
+        """One message in wire format; per-message metadata sits under 'extra'."""
+        extra = message.get("extra") or {}
+        content = message.get("content")
+        self.sink.add(Message(
+            attempt_id=self.attempt_id, seq=seq, role=message.get("role", ""),
+            content=content if isinstance(content, str | None) else json.dumps(content),
+            tool_calls=message.get("tool_calls"), tool_call_id=message.get("tool_call_id"), name=message.get("name"),
+            prompt_tokens=extra.get("prompt_tokens"), completion_tokens=extra.get("completion_tokens"), extra=extra,
+            created_at=now()))
+
+    def submission(self, s: Submission) -> None:
+        """One grading (feedback or final) with its judge record."""
+        r = s.record
+        self.sink.add(StoredSubmission(
+            attempt_id=self.attempt_id, n=s.n, kind=s.kind, status=r.status, speedup=r.speedup,
+            kernel_ms=r.kernel_ms, eager_ms=r.eager_ms, kernel_sha256=s.kernel_sha256, kernel_source=s.kernel_source,
+            queue_s=s.queue_s, record=r.model_dump(mode="json"), created_at=now()))
+
+
+@dataclass(frozen=True)
+class Recording:
+    """An attempt under way: its attempt row and the trial row it will update (None for a replay)."""
+
+    attempt: Attempt
+    trial: Trial | None
+
+
+class Recorder:
+    """Writes the attempt, trial and skill rows of one run's trials (the transcript goes through Transcript)."""
+
+    def __init__(self, store: Store, model: str, run_id: str, budget: Budget):
+        self.store, self.model, self.run_id, self.budget = store, model, run_id, budget
+
+    def _trial(self, spec: TrialSpec, parts: FingerprintParts, source_trial_id: str | None, state: State,
+               attempt_id: str | None, message: str | None = None) -> Trial:
+        return Trial(model=self.model, trial_id=spec.trial_id, run_id=self.run_id, attempt_id=attempt_id,
+                     problem_id=spec.problem.id, replicate=spec.replicate, arm=spec.arm, dsl=spec.arm.dsl,
+                     source_trial_id=source_trial_id, state=state, fingerprint=parts.sha256,
+                     fingerprint_parts=parts.model_dump(mode="json"), skill_sha256=parts.source_skill,
+                     started_at=now(), message=message)
+
+    def skip(self, spec: TrialSpec, parts: FingerprintParts, source_trial_id: str | None, why: str) -> None:
+        """A skill trial that makes no attempt (its source left no SKILL.md): recorded as skipped."""
+        trial = self._trial(spec, parts, source_trial_id, State.SKIPPED, None, why)
+        self.store.put(trial.model_copy(update={"finished_at": trial.started_at}))
+
+    def begin(self, spec: TrialSpec, parts: FingerprintParts, source_trial_id: str | None = None, *,
+              replay_of: str | None = None) -> Recording:
+        """Record that an attempt began (state running); a replay leaves the trial row alone."""
+        attempt = Attempt(attempt_id=uuid.uuid4().hex, model=self.model, trial_id=spec.trial_id, run_id=self.run_id,
+                          state=State.RUNNING, fingerprint=parts.sha256, budget=self.budget.model_dump(mode="json"),
+                          message=f"replay of {replay_of}" if replay_of else None, started_at=now())
+        trial = None if replay_of else self._trial(spec, parts, source_trial_id, State.RUNNING, attempt.attempt_id)
+        self.store.put(*[row for row in (attempt, trial) if row is not None])
+        return Recording(attempt, trial)
+
+    def end(self, recording: Recording, outcome: Outcome) -> None:
+        """Close the attempt and, unless it is a replay, the trial; a finished solo's SKILL.md becomes its skill."""
+        finished, attempt = now(), recording.attempt
+        message = f"{attempt.message}: {outcome.message}" if attempt.message else outcome.message
+        rows: list[Row] = [attempt.model_copy(update={
+            "state": outcome.state, "status": outcome.status, "sandbox": outcome.sandbox,
+            "usage": outcome.usage.model_dump(mode="json"), "message": message, "finished_at": finished})]
+        trial = recording.trial
+        if trial is not None:
+            if not trial.arm.is_skill and outcome.state == State.FINISHED:
+                self._replace_skill(trial, outcome.skill_text, rows)
+            rows.append(trial.model_copy(update={
+                "state": outcome.state, "status": outcome.status, "speedup": outcome.speedup,
+                "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "finished_at": finished,
+                "wall_s": outcome.wall_s, "queue_s": outcome.queue_s, "n_submissions": outcome.n_submissions,
+                "n_turns": outcome.usage.n_turns, "prompt_tokens": outcome.usage.prompt_tokens,
+                "completion_tokens": outcome.usage.completion_tokens, "cost_usd": outcome.usage.cost_usd,
+                "message": outcome.message}))
+        self.store.put(*rows)
+
+    def _replace_skill(self, trial: Trial, text: str | None, rows: list[Row]) -> None:
+        """The skill is the finished attempt's SKILL.md; one without it leaves none, never an older attempt's."""
+        if text is None:
+            self.store.delete(Skill, model=trial.model, trial_id=trial.trial_id)
+            return
+        rows.append(Skill(model=trial.model, trial_id=trial.trial_id, attempt_id=trial.attempt_id, text=text,
+                          sha256=hashlib.sha256(text.encode()).hexdigest(), created_at=now()))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session on the lent H200: run the named stages, write every record under $OUT.
 # Run from the repository root on the device machine, after the toolchains are installed:
-#   bash scripts/gpu_session.sh qa solutions judge bench reference docs
+#   bash scripts/gpu_session.sh qa solutions judge bench reference docs gpu-tests
 # Stages that need more than one device call's 10 minutes run as one job that outlives the call:
 #   OUT=/tmp/mkb-job setsid bash scripts/gpu_session.sh solutions reproduce > /dev/null 2>&1 &
 # and later calls on the warm machine copy /tmp/mkb-job/* to their $OUT. Keep a call in flight the whole
@@ -10,12 +10,11 @@
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
-#   judge      the judge's GPU hack fixtures and valid kernels      -> judge_records.json (JUDGE_ONLY="a b")
+#   judge      pytest -m gpu tests/test_judge_gpu.py: valid kernels at full scale (paper, flushed), CPU hack
+#              fixtures graded on the GPU                             -> judge_records.json (JUDGE_ONLY=pytest -k expression)
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
 #              (BENCH_MODES="paper" for one mode, BENCH_TAG=x to suffix the file names;
 #              BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py")
-#   probe      the in-process timing of short kernels in plain processes under controlled CPU placement
-#              (PROBE_CASES like BENCH_CASES)                     -> spread_probe.json
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
@@ -24,7 +23,9 @@
 #              through a local Ray instance (ray importable, e.g. from
 #              PYTHONPATH), compared with the local executor's trials in mkb-h200.duckdb -> mkb-ray.duckdb,
 #              ray_vs_local.json
-#   docs       the DSL manuals' examples on the GPU                 -> docs_h200.json
+#   docs       pytest -m gpu: the DSL manuals' examples on the GPU   -> docs_examples.json
+#   gpu-tests  every @pytest.mark.gpu test (make test-gpu)          -> gpu_tests.log, judge_records.json,
+#              docs_examples.json
 set -uo pipefail
 OUT=${OUT:-/tmp/mkb-out}
 mkdir -p "$OUT"
@@ -43,12 +44,12 @@ for stage in "$@"; do
     qa) cp problems/eager_h200.json "$OUT/eager_h200.json"   # rows of problems outside this slice are kept
         $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
-        $PY scripts/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
+        $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) [ -f "$OUT/h200.json" ] || cp problems/solutions/h200.json "$OUT/h200.json"   # --merge keeps the others
-        $PY scripts/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
+        $PY artifact/generators/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
           ${SOL_DSL:+--dsl "$SOL_DSL"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
-    judge) $PY scripts/gpu_judge_check.py "$OUT/judge_records.json" ${JUDGE_ONLY:+--only $JUDGE_ONLY} \
+    judge) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" ${JUDGE_ONLY:+-k "$JUDGE_ONLY"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     bench) for case in ${BENCH_CASES:-p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py}; do
           IFS=: read -r problem dsl kernel <<< "$case"
@@ -57,8 +58,6 @@ for stage in "$@"; do
             > "$OUT/bench_judge_${problem}_${dsl}${BENCH_TAG:+_$BENCH_TAG}.json" 2>> "$OUT/session.log"
           log "bench $case exit $?"
         done ;;
-    probe) $PY scripts/gpu_spread_probe.py "$OUT/spread_probe.json" ${PROBE_CASES:-p25:cutedsl:problems/solutions/cutedsl/p25.py} \
-          2>&1 | tee -a "$OUT/session.log" ;;
     reference) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
@@ -66,14 +65,16 @@ for stage in "$@"; do
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
           | tee "$OUT/reproduce.log" | tail -40 | tee -a "$OUT/session.log"
         [ -f "$OUT/eager_h200.json" ] || cp problems/eager_h200.json "$OUT/eager_h200.json"
-        $PY scripts/eager_table.py "$OUT/mkb-h200.duckdb" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
+        $PY artifact/generators/eager_table.py "$OUT/mkb-h200.duckdb" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     ray) $PY -m mkb --db "$OUT/mkb-ray.duckdb" run-model reference --problems "${RAY_PROBLEMS:-p28}" --device cuda \
           $(for a in ${RAY_ARMS:-}; do echo --arms "$a"; done) --executor ray --concurrency "${REF_CONCURRENCY:-2}" \
           2>&1 | tee "$OUT/ray.log" | tail -30 | tee -a "$OUT/session.log"
-        $PY scripts/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" \
+        $PY artifact/generators/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" \
           2>> "$OUT/session.log"
         tail -c 600 "$OUT/ray_vs_local.json" | tee -a "$OUT/session.log" ;;
-    docs) $PY scripts/gpu_docs_check.py "$OUT/docs_h200.json" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
+    docs) $PY -m pytest -q -m gpu tests/test_docs.py --gpu-records "$OUT" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
+    gpu-tests) $PY -m pytest -q -m gpu --gpu-records "$OUT" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 \
+          | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac
   log "stage $stage exit ${PIPESTATUS[0]}"

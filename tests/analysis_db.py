@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from pathlib import Path
 
-from mkb.records import FAMILIES, FAMILY_SIZES, Arm, JudgeRecord, ProblemInfo
-from mkb.store import Store
+from mkb.agent.tools import Submission
+from mkb.records import FAMILIES, FAMILY_SIZES, Arm, JudgeRecord, ProblemInfo, State
+from mkb.store import Attempt, Run, Skill, Store, Trial, now
+from mkb.trial import Transcript
 
 
 def add_problem(store: Store, number: int, family: str) -> str:
@@ -25,10 +28,21 @@ def add_trial(store: Store, model: str, problem: str, arm: Arm | str, replicate:
     trial_id = f"{problem}_r{replicate}_{arm}"
     if arm.is_skill:
         fields.setdefault("source_trial_id", f"{problem}_r{replicate}_{arm.source}")
-    store.upsert_trial(model, trial_id, problem_id=problem, replicate=replicate, arm=str(arm),
-                       dsl=str(arm.dsl), state=state, status=status if state == "finished" else None,
-                       speedup=speedup if status == "passed" and state == "finished" else None, **fields)
+    store.put(Trial(model=model, trial_id=trial_id, problem_id=problem, replicate=replicate, arm=arm, dsl=arm.dsl,
+                    state=state, status=status if state == "finished" else None,
+                    speedup=speedup if status == "passed" and state == "finished" else None, **fields))
     return trial_id
+
+
+def add_skill(store: Store, model: str, trial_id: str, text: str) -> None:
+    """Record the skill a solo trial left."""
+    store.put(Skill(model=model, trial_id=trial_id, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
+                    created_at=now()))
+
+
+def add_run(store: Store, run_id: str, model: str, is_oracle: bool = False) -> None:
+    """Record a run (the oracle flag is what the analysis reads from it)."""
+    store.put(Run(run_id=run_id, model=model, is_oracle=is_oracle, started_at=now()))
 
 
 def add_cell_trials(store: Store, model: str, problem: str, speedups: dict, replicate: int = 1) -> None:
@@ -98,7 +112,7 @@ def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-
                               wall_s=rng.uniform(300, 2400), queue_s=rng.uniform(0, 60),
                               n_submissions=rng.randint(1, 10))
                     if not arm.is_skill and rng.random() < 0.97:
-                        store.put_skill(model, f"{problem}_r1_{arm}", None, f"skill for {problem} {arm}")
+                        add_skill(store, model, f"{problem}_r1_{arm}", f"skill for {problem} {arm}")
     return path
 
 
@@ -116,11 +130,14 @@ def add_transcript(store: Store, model: str, trial_id: str, messages: list[dict]
     """Record an attempt of a trial the way the protocol does: its messages as they happen, its gradings
     (kind, record, kernel source), its end. Returns the attempt id, for add_trial(..., attempt_id=...)."""
     attempt_id = attempt_id or f"a-{model}-{trial_id}".replace("/", "-")
-    store.start_attempt(attempt_id, model, trial_id)
+    store.put(Attempt(attempt_id=attempt_id, model=model, trial_id=trial_id, state=State.RUNNING, started_at=now()))
+    transcript = Transcript(store, attempt_id)
     for seq, message in enumerate(messages):
-        store.add_message(attempt_id, seq, message)
+        transcript.message(seq, message)
     for n, (kind, record, source) in enumerate(gradings, start=1):
-        store.add_submission(attempt_id, n, kind, record, kernel_source=source)
+        transcript.submission(Submission(n=n, kind=kind, record=record, kernel_source=source,
+                                         kernel_sha256=hashlib.sha256(source.encode()).hexdigest()))
     final = gradings[-1][1] if gradings else None
-    store.finish_attempt(attempt_id, "finished", str(final.status) if final else None, message=ended)
+    store.put(Attempt(attempt_id=attempt_id, model=model, trial_id=trial_id, state=State.FINISHED,
+                      status=final.status if final else None, message=ended, started_at=now(), finished_at=now()))
     return attempt_id

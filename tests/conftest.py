@@ -5,6 +5,12 @@ from __future__ import annotations
 import pytest
 
 
+def pytest_addoption(parser):
+    parser.addoption("--gpu-records", metavar="DIR",
+                     help="GPU tests write what they measured (judge records, example timings) as JSON into DIR "
+                          "(scripts/gpu_session.sh passes its $OUT).")
+
+
 def _has_cuda() -> bool:
     try:
         import torch
@@ -21,6 +27,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_records(request):
+    """record(name, row): appends row to DIR/<name>.json (with the machine's facts) under --gpu-records DIR;
+    without the option nothing is written."""
+    import json
+    from pathlib import Path
+
+    out = request.config.getoption("--gpu-records")
+    files: dict[str, dict] = {}
+
+    def record(name: str, row: dict) -> None:
+        if not out:
+            return
+        if name not in files:
+            from mkb.environment import describe
+
+            files[name] = {"environment": describe(with_gpu=True), "records": []}
+        files[name]["records"].append(row)
+        path = Path(out) / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(files[name], indent=1, default=str) + "\n")
+
+    return record
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from analysis_db import add_cell_trials, add_problem, build_known
+from analysis_db import add_cell_trials, add_problem, add_run, build_known
 
 from mkb.analysis import metrics
 from mkb.analysis.data import available_models, load_results
@@ -242,8 +242,8 @@ def test_every_table_carries_the_parameter_footnote(known):
 def test_oracle_is_labelled_and_never_pooled(tmp_path):
     with Store(tmp_path / "o.duckdb") as store:
         add_problem(store, 1, "attention")
-        store.start_run("r1", "reference", is_oracle=True)
-        store.start_run("r2", "my-oracle", is_oracle=True)
+        add_run(store, "r1", "reference", is_oracle=True)
+        add_run(store, "r2", "my-oracle", is_oracle=True)
         for model in ("a", "b", "reference", "my-oracle"):
             add_cell_trials(store, model, "p01", {SC: 1.0, ST: 1.0, C2T: 2.0, T2C: 0.5})
         models = available_models(store)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import click
@@ -160,7 +161,43 @@ def test_reproduce_slices_the_oracle_to_problems_with_shipped_solutions(mkb_home
 
     settings = load_settings()
     with Store(tmp_path / "r.duckdb") as store:
-        step = _protocol_step(settings, store, "reference", "cpu", None, ["p02"])
+        step = _protocol_step(settings, store, "reference", ["p02"])
         assert not step.ok and "no shipped solution for p02" in step.summary and "p28" in step.summary
-        unknown = _protocol_step(settings, store, "reference", "cpu", None, ["p99"])
+        unknown = _protocol_step(settings, store, "reference", ["p99"])
         assert not unknown.ok and "p99" in unknown.summary
+
+
+def test_readme_layout_table_matches_the_tree():
+    """Every path the layout table names exists, and every top-level entry and every part of mkb/ is named."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "README.md").read_text()
+    table = text[text.index("## Layout"):text.index("## Commands")]
+    named = {p for row in table.splitlines() if row.startswith("| `") for p in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    concrete = {p.rstrip("/") for p in named if "<" not in p}
+    assert [p for p in concrete if not (root / p).exists()] == []
+    tracked = subprocess.run(["git", "-C", str(root), "ls-files"], capture_output=True, text=True).stdout.split()
+    top = {f.split("/")[0] for f in tracked if not f.startswith(".")} | {".ci/run"}
+    parts = {"/".join(f.split("/")[:2]) for f in tracked if f.startswith("mkb/") and not f.endswith(("__init__.py",
+                                                                                                        "__main__.py"))}
+    covered = lambda path: any(path == p or path.startswith(p + "/") or p.startswith(path + "/")  # noqa: E731
+                               for p in concrete)
+    assert sorted(p for p in top | parts if not covered(p)) == []
+
+
+@pytest.mark.parametrize("args", [["run-model", "reference", "--problems", "p28", "--arms", "solo_tirx"],
+                                  ["attempt", "p28", "--dsl", "tirx", "--model", "vllm/m", "--base-url", "http://127.0.0.1:9"],
+                                  ["verify", "p28", "--dsl", "tirx", "tests/kernels/valid_tirx_p28.py"],
+                                  ["bench", "judge"]])
+def test_the_device_setting_reaches_every_command_that_grades(args, monkeypatch, tmp_path):
+    """MKB_DEVICE is a setting like any other: asking for a GPU where none is visible is one clear line."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    monkeypatch.setenv("MKB_DEVICE", "cuda")
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    result = run("--db", str(tmp_path / "d.duckdb"), *args)
+    assert result.exit_code == 1
+    assert "no CUDA GPU is visible" in result.stderr or "needs a CUDA GPU" in result.stderr, result.stderr

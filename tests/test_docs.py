@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mkb import docs, manuals
+from mkb.docs import generate
 from mkb.cli import main
 from mkb.settings import load_settings
 
@@ -62,7 +63,7 @@ def test_tirx_entries_carry_the_T_alias(api):
 
 
 def test_unimportable_module_is_skipped_and_listed(tmp_path, monkeypatch):
-    monkeypatch.setattr(docs, "CUTEDSL_MODULES", ("cutlass.no_such_module", "cutlass.cute.nvgpu.warpgroup"))
+    monkeypatch.setattr(generate, "CUTEDSL_MODULES", ("cutlass.no_such_module", "cutlass.cute.nvgpu.warpgroup"))
     report = docs.build_dsl("cutedsl", tmp_path)
     assert [m for m, _ in report.skipped] == ["cutlass.no_such_module"]
     assert [p.file for p in report.pages] == ["cutlass.cute.nvgpu.warpgroup.md"]
@@ -102,14 +103,20 @@ def test_example_compiles_for_sm90a_on_cpu(dsl, path, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dsl,path", EXAMPLES, ids=_ids(EXAMPLES))
-def test_example_runs_and_matches_torch(dsl, path, tmp_path):
-    import torch
+def test_example_runs_and_matches_torch(dsl, path, tmp_path, gpu_records):
+    """Every manual example compiles for this GPU, matches torch on several shapes, and is timed with its
+    manual's own helper (records: docs_examples.json under --gpu-records)."""
+    from dataclasses import asdict
 
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}" + ("a" if major in (9, 10) else "")
-    if path.stem.startswith("04") and major != 9:
+    from mkb.environment import gpus
+
+    arch = gpus()[0]["arch"]
+    if path.stem.startswith("04") and arch != "sm_90a":
         pytest.skip("the wgmma GEMM example is sm_90a only")
-    result = manuals.run_example(path, tmp_path, arch, run=True)
+    manuals.load_example(path, tmp_path)  # puts the manual's helpers (cute_util, tirx_util) on the path
+    helpers = __import__("cute_util" if dsl == "cutedsl" else "tirx_util")
+    result = manuals.run_example(path, tmp_path, arch, run=True, time_fn=helpers.time_us)
+    gpu_records("docs_examples", asdict(result))
     assert result.passed, result.error
 
 

@@ -2,7 +2,7 @@
 
 Each fixture's docstring names the hack and the expected verdict (Problem/DSL/Device/Expected
 lines). CPU fixtures run here at scale="smoke"; GPU fixtures are marked gpu and skip without CUDA
-(scripts/gpu_judge_check.py grades them on the H200).
+(tests/test_judge_gpu.py grades more of them on the GPU).
 """
 
 from __future__ import annotations
@@ -316,8 +316,8 @@ def test_the_candidate_cannot_reach_the_referees_tensors_through_its_ipc_mapping
     """An IPC handle maps the whole allocation: shared tensors come from a pool that holds nothing else."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_ipc_segment_probe.py"
-    spec = importlib.util.spec_from_file_location("gpu_ipc_segment_probe", path)
+    path = Path(__file__).resolve().parent / "ipc_segment_probe.py"
+    spec = importlib.util.spec_from_file_location("ipc_segment_probe", path)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
     result = probe.probe()

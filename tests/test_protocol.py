@@ -6,12 +6,15 @@ import threading
 
 import pytest
 
+from mkb.agent.budget import Budget, Usage
 from mkb.problems import load_catalog
-from mkb.protocol.plan import Action, FingerprintParts, TrialSpec, expand, plan
+from mkb.protocol.plan import Action, expand, plan
 from mkb.protocol.pool import JudgePool
-from mkb.protocol.runner import Outcome, ProtocolRun
-from mkb.records import Arm
+from mkb.protocol.runner import ProtocolRun
+from mkb.records import Arm, State, Status, TrialSpec
 from mkb.settings import load_settings
+from mkb.store import Trial
+from mkb.trial import FingerprintParts, Outcome, Recorder, Transcript
 
 PROBLEMS = load_catalog(load_settings().problems_dir)[:2]
 
@@ -31,18 +34,26 @@ def test_expand_pulls_in_source_solos_and_names_trials():
     assert [s.trial_id for s in only] == [f"{p}_r2_solo_tirx", f"{p}_r2_tirx2cutedsl_skill"]
 
 
+def stored(spec: TrialSpec, state: State = State.FINISHED, status: Status | None = None,
+           parts: FingerprintParts | None = None) -> Trial:
+    """A trial row as the store would hand it back."""
+    return Trial(model="m", trial_id=spec.trial_id, problem_id=spec.problem.id, replicate=spec.replicate,
+                 arm=spec.arm, dsl=spec.arm.dsl, state=state, status=status,
+                 fingerprint_parts=parts.model_dump(mode="json") if parts else None)
+
+
 def test_plan_actions_from_stored_rows():
     specs = expand(PROBLEMS[:1], list(Arm), 1)
-    ids = {s.arm: s.trial_id for s in specs}
+    by_arm = {s.arm: s for s in specs}
     current = {s.trial_id: parts_for(s, "sha1" if s.arm.is_skill else None) for s in specs}
-    stored = {
-        ids[Arm.SOLO_CUTEDSL]: {"state": "finished", "fingerprint_parts": current[ids[Arm.SOLO_CUTEDSL]].model_dump()},
-        ids[Arm.SOLO_TIRX]: {"state": "finished", "status": "infra_error"},
-        ids[Arm.CUTEDSL2TIRX_SKILL]: {"state": "finished",
-                                      "fingerprint_parts": parts_for(specs[2], "old").model_dump()},
-        ids[Arm.TIRX2CUTEDSL_SKILL]: {"state": "finished", "fingerprint_parts": {}},
-    }
-    actions = {i.spec.arm: (i.action, i.reason) for i in plan(specs, stored, current)}
+    stored_rows = [
+        stored(by_arm[Arm.SOLO_CUTEDSL], parts=current[by_arm[Arm.SOLO_CUTEDSL].trial_id]),
+        stored(by_arm[Arm.SOLO_TIRX], status=Status.INFRA_ERROR),
+        stored(by_arm[Arm.CUTEDSL2TIRX_SKILL], parts=parts_for(specs[2], "old")),
+        stored(by_arm[Arm.TIRX2CUTEDSL_SKILL]),
+    ]
+    stored_rows = {t.trial_id: t for t in stored_rows}
+    actions = {i.spec.arm: (i.action, i.reason) for i in plan(specs, stored_rows, current)}
     assert actions[Arm.SOLO_CUTEDSL] == (Action.REUSE, "")
     assert actions[Arm.SOLO_TIRX][0] == Action.RERUN
     assert actions[Arm.CUTEDSL2TIRX_SKILL] == (Action.STALE, "changed: source_skill")
@@ -51,52 +62,83 @@ def test_plan_actions_from_stored_rows():
 
 def test_a_changed_problem_makes_finished_trials_stale():
     specs = expand(PROBLEMS[:1], [Arm.SOLO_TIRX], 1)
-    old = parts_for(specs[0], None, problem_sha="before").model_dump()
-    items = plan(specs, {specs[0].trial_id: {"state": "finished", "fingerprint_parts": old}},
+    old = parts_for(specs[0], None, problem_sha="before")
+    items = plan(specs, {specs[0].trial_id: stored(specs[0], parts=old)},
                  {specs[0].trial_id: parts_for(specs[0], None)})
     assert (items[0].action, items[0].reason) == (Action.STALE, "changed: problem")
 
 
-def _fake_attempt(skill_for: dict, seen: list, fail: set = frozenset()):
+def _fake_attempt(store, skill_for: dict, seen: list, fail: set = frozenset(), ends: dict | None = None):
     def attempt(spec, ctx):
         seen.append((spec.trial_id, ctx.skill_text))
-        ctx.on_message(0, {"role": "user", "content": f"solve {spec.trial_id}"})
+        Transcript(store, ctx.attempt_id).message(0, {"role": "user", "content": f"solve {spec.trial_id}"})
         if spec.trial_id in fail:
             raise RuntimeError("provider exploded")
-        return Outcome(state="finished", status="passed", speedup=1.5, kernel_ms=1.0, eager_ms=1.5,
-                       skill_text=skill_for.get(spec.arm), prompt_tokens=10, completion_tokens=5)
+        if (ends or {}).get(spec.trial_id):
+            return Outcome(state=ends[spec.trial_id], message="scripted ending")
+        return Outcome(state=State.FINISHED, status=Status.PASSED, speedup=1.5, kernel_ms=1.0, eager_ms=1.5,
+                       skill_text=skill_for.get(spec.arm), usage=Usage(prompt_tokens=10, completion_tokens=5))
     return attempt
+
+
+def _protocol(store, attempt, concurrency: int = 2) -> ProtocolRun:
+    return ProtocolRun(store, Recorder(store, "m", "run1", Budget()), attempt, parts_for, concurrency=concurrency)
 
 
 def test_run_transfers_skills_and_records_every_trial(store):
     specs = expand(PROBLEMS[:1], list(Arm), 1)
     items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
     seen: list = []
-    skills = {Arm.SOLO_CUTEDSL: "tile rows, fuse the add", Arm.SOLO_TIRX: ""}
-    run = ProtocolRun(store, "m", "run1", _fake_attempt(skills, seen), parts_for, concurrency=2)
-    progress = run.run(items)
+    skills = {Arm.SOLO_CUTEDSL: "tile rows, fuse the add", Arm.SOLO_TIRX: None}
+    progress = _protocol(store, _fake_attempt(store, skills, seen)).run(items)
     p = PROBLEMS[0].id
-    trials = {t["trial_id"]: t for t in store.trials("m")}
+    trials = {t.trial_id: t for t in store.trials("m")}
     assert progress.done == 4
-    assert trials[f"{p}_r1_cutedsl2tirx_skill"]["state"] == "finished"
-    assert trials[f"{p}_r1_cutedsl2tirx_skill"]["skill_sha256"] == store.skill("m", f"{p}_r1_solo_cutedsl")["sha256"]
+    assert trials[f"{p}_r1_cutedsl2tirx_skill"].state == State.FINISHED
+    assert trials[f"{p}_r1_cutedsl2tirx_skill"].skill_sha256 == store.skill("m", f"{p}_r1_solo_cutedsl").sha256
     assert (f"{p}_r1_cutedsl2tirx_skill", "tile rows, fuse the add") in seen
-    # an empty SKILL.md is no skill: the dependent trial is skipped without an attempt
-    assert trials[f"{p}_r1_tirx2cutedsl_skill"]["state"] == "skipped"
+    # no SKILL.md is no skill: the dependent trial is skipped without an attempt
+    assert trials[f"{p}_r1_tirx2cutedsl_skill"].state == State.SKIPPED
     assert f"{p}_r1_tirx2cutedsl_skill" not in [s for s, _ in seen]
     assert store.rows("SELECT count(*) AS n FROM messages") == [{"n": 3}]
+    assert trials[f"{p}_r1_solo_cutedsl"].prompt_tokens == 10 and trials[f"{p}_r1_solo_cutedsl"].n_turns == 0
+
+
+def test_a_rerun_source_without_skill_hands_over_no_older_skill(store):
+    """The skill a skill trial gets is its source's current attempt's, never one an earlier attempt left."""
+    specs = expand(PROBLEMS[:1], [Arm.CUTEDSL2TIRX_SKILL], 1)
+    source, skill = specs[0].trial_id, specs[1].trial_id
+    items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
+    _protocol(store, _fake_attempt(store, {Arm.SOLO_CUTEDSL: "an old skill"}, [])).run(items)
+    assert store.skill("m", source).text == "an old skill"
+    seen: list = []
+    progress = _protocol(store, _fake_attempt(store, {}, seen)).run(items)  # the rerun leaves no SKILL.md
+    assert progress.done == 2 and store.skill("m", source) is None
+    assert store.trial("m", skill).state == State.SKIPPED and skill not in [s for s, _ in seen]
+
+
+def test_a_skill_trial_waits_while_its_source_has_not_finished(store):
+    specs = expand(PROBLEMS[:1], [Arm.CUTEDSL2TIRX_SKILL], 1)
+    source, skill = specs[0].trial_id, specs[1].trial_id
+    items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
+    _protocol(store, _fake_attempt(store, {Arm.SOLO_CUTEDSL: "a skill"}, [])).run(items)
+    seen: list = []
+    progress = _protocol(store, _fake_attempt(store, {}, seen, ends={source: State.INFRA_ERROR})).run(items)
+    assert [s for s, _ in seen] == [source] and (progress.done, progress.total) == (1, 1)
+    assert store.trial("m", source).state == State.INFRA_ERROR
+    assert store.trial("m", skill).state == State.FINISHED  # the earlier result stands until the source finishes
 
 
 def test_a_crashing_attempt_is_an_infra_error_and_the_run_goes_on(store):
     specs = expand(PROBLEMS, [Arm.SOLO_TIRX], 1)
     items = plan(specs, {}, {s.trial_id: parts_for(s, None) for s in specs})
     bad = specs[0].trial_id
-    run = ProtocolRun(store, "m", "r", _fake_attempt({}, [], fail={bad}), parts_for)
-    run.run(items)
-    states = {t["trial_id"]: t["state"] for t in store.trials("m")}
-    assert states == {bad: "infra_error", specs[1].trial_id: "finished"}
-    rerun = plan(specs, {t["trial_id"]: t for t in store.trials("m")},
-                 {s.trial_id: parts_for(s, None) for s in specs})
+    _protocol(store, _fake_attempt(store, {}, [], fail={bad}), concurrency=4).run(items)
+    states = {t.trial_id: t.state for t in store.trials("m")}
+    assert states == {bad: State.INFRA_ERROR, specs[1].trial_id: State.FINISHED}
+    attempt = store.find_attempt(bad)
+    assert attempt.state == State.INFRA_ERROR and attempt.message == "RuntimeError: provider exploded"
+    rerun = plan(specs, {t.trial_id: t for t in store.trials("m")}, {s.trial_id: parts_for(s, None) for s in specs})
     assert [i.action for i in rerun] == [Action.RERUN, Action.REUSE]
 
 

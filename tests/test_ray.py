@@ -24,11 +24,11 @@ from scripted_server import Hold, call, reply  # noqa: E402
 from mkb import protocol  # noqa: E402
 from mkb.protocol.plan import Action  # noqa: E402
 from mkb.protocol.ray_channel import Inbox  # noqa: E402
-from mkb.protocol.ray_executor import RayOptions, run_model_ray  # noqa: E402
+from mkb.protocol.ray_executor import RayOptions  # noqa: E402
 from mkb.protocol.ray_judges import JudgeQueue  # noqa: E402
 from mkb.records import Arm, JudgeRecord, Status  # noqa: E402
 from mkb.settings import load_settings  # noqa: E402
-from mkb.store import Store  # noqa: E402
+from mkb.store import Message, Store, now  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -62,17 +62,17 @@ def smoke_judge(problem, kernel_path, dsl, device_slot="cpu"):
 
 
 def run_on_ray(db: Path, request, grade=fake_grade, **kw):
-    settings = load_settings()
+    settings = load_settings(device="cpu")
     with Store(db) as store:
         items = protocol.check_stale(protocol.make_plan(settings, store, request), False)
-        progress = run_model_ray(settings, store, request, items, RayOptions(), device="cpu", grade=grade, **kw)
+        progress = protocol.execute(settings, store, request, items, ray=RayOptions(), grade=grade, **kw)
         return items, progress, store.trials(request.model)
 
 
 def _ray_compare():
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "ray_compare.py"
+    path = Path(__file__).resolve().parent.parent / "artifact" / "generators" / "ray_compare.py"
     spec = importlib.util.spec_from_file_location("ray_compare", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -81,24 +81,24 @@ def _ray_compare():
 
 def results(db: Path, model: str) -> dict:
     with Store(db, read_only=True) as store:
-        return {t["trial_id"]: (t["state"], t["status"], t["speedup"], t["skill_sha256"], t["n_submissions"])
+        return {t.trial_id: (t.state, t.status, t.speedup, t.skill_sha256, t.n_submissions)
                 for t in store.trials(model)}, store.rows(
             "SELECT t.trial_id, m.seq, m.role FROM messages m JOIN trials t USING (attempt_id) ORDER BY ALL")
 
 
 def test_reference_run_on_ray_matches_the_local_executor(cluster, tmp_path):
     request = protocol.RunRequest(model="reference", problems=["p28"], concurrency=2)
-    settings = load_settings()
+    settings = load_settings(device="cpu")
     with Store(tmp_path / "local.duckdb") as store:
         items = protocol.make_plan(settings, store, request)
-        protocol.run_model(settings, store, request, items, fake_grade, protocol.executor_factory("local", "", settings))
+        protocol.execute(settings, store, request, items, grade=fake_grade)
     items, progress, trials = run_on_ray(tmp_path / "ray.duckdb", request)
     assert [i.action for i in items] == [Action.RUN] * 4 and progress.by_state == {"finished": 4}
     local, ray_ = results(tmp_path / "local.duckdb", "reference"), results(tmp_path / "ray.duckdb", "reference")
     assert ray_ == local  # statuses, speedups, transferred skills, submissions, whole transcripts
     compared = _ray_compare().compare(str(tmp_path / "local.duckdb"), str(tmp_path / "ray.duckdb"))
     assert (compared["compared"], compared["agree"]) == (4, 4)  # the script the H200 check uses
-    assert all(t["status"] == "passed" and t["queue_s"] >= 0 for t in trials)
+    assert all(t.status == Status.PASSED and t.queue_s >= 0 for t in trials)
     with Store(tmp_path / "ray.duckdb", read_only=True) as store:
         assert store.rows("SELECT kind, status FROM submissions ORDER BY ALL") == \
             [{"kind": "feedback", "status": "passed"}] * 4 + [{"kind": "final", "status": "passed"}] * 4
@@ -123,13 +123,13 @@ def test_a_scripted_model_graded_by_the_real_judge_on_a_cpu_judge_actor(cluster,
     request = protocol.RunRequest(model="scripted", base_url=llm_server.base_url, problems=["p28"],
                                   arms=[Arm.SOLO_TIRX])
     _, progress, trials = run_on_ray(tmp_path / "mkb.duckdb", request, grade=smoke_judge)
-    assert [(t["state"], t["status"], t["n_turns"]) for t in trials] == [("finished", "passed", 3)]
+    assert [(t.state, t.status, t.n_turns) for t in trials] == [("finished", "passed", 3)]
     with Store(tmp_path / "mkb.duckdb", read_only=True) as store:
         [final] = store.rows("SELECT kind, status, kernel_source, record FROM submissions")
         assert (final["kind"], final["status"], final["kernel_source"]) == ("final", "passed", VALID_TIRX_P28)
         assert '"dsl_check": "passed"' in final["record"] or '"dsl_check":"passed"' in final["record"]
-        assert store.skill("scripted", "p28_r1_solo_tirx")["text"] == SKILL
-        roles = [m["role"] for m in store.messages(trials[0]["attempt_id"])]
+        assert store.skill("scripted", "p28_r1_solo_tirx").text == SKILL
+        roles = [m.role for m in store.messages(trials[0].attempt_id)]
     assert roles == ["system", "user"] + ["assistant", "tool"] * 3 + ["user"]
     assert len(llm_server.requests) == 3
 
@@ -162,15 +162,15 @@ def test_a_killed_attempt_worker_is_an_infra_error_and_the_next_run_reruns_it(cl
         killer.join()
     assert killed and progress.by_state == {"infra_error": 1}
     [lost] = trials
-    assert lost["state"] == "infra_error" and "Ray worker running the attempt was lost" in lost["message"]
+    assert lost.state == "infra_error" and "Ray worker running the attempt was lost" in lost.message
     with Store(tmp_path / "mkb.duckdb", read_only=True) as store:
         # what was written before the kill stays: the instruction and the kickoff message
-        assert [m["role"] for m in store.messages(lost["attempt_id"])] == ["system", "user"]
+        assert [m.role for m in store.messages(lost.attempt_id)] == ["system", "user"]
     llm_server.script([reply(calls=[call("write_file", {"path": "kernel.py", "content": VALID_TIRX_P28})]),
                        reply(calls=[call("finish", {})])])
     items, progress, trials = run_on_ray(tmp_path / "mkb.duckdb", request)
     assert [(i.action, i.reason) for i in items] == [(Action.RERUN, "last ended infra_error")]
-    assert [(t["state"], t["status"]) for t in trials] == [("finished", "passed")]
+    assert [(t.state, t.status) for t in trials] == [("finished", "passed")]
     with Store(tmp_path / "mkb.duckdb", read_only=True) as store:
         assert store.rows("SELECT state FROM attempts ORDER BY started_at") == [
             {"state": "infra_error"}, {"state": "finished"}]
@@ -204,7 +204,7 @@ def test_a_lost_judge_actor_is_restarted_and_the_evaluation_retried(cluster, tmp
     _, _, trials = run_on_ray(tmp_path / "mkb.duckdb", request, grade=blocking_grade(str(fifo), str(marker)),
                               on_pool=pools.append)
     killer.join()
-    assert [(t["state"], t["status"], t["n_submissions"]) for t in trials] == [("finished", "passed", 1)]
+    assert [(t.state, t.status, t.n_submissions) for t in trials] == [("finished", "passed", 1)]
     with Store(tmp_path / "mkb.duckdb", read_only=True) as store:
         rows = store.rows("SELECT kind, status, queue_s FROM submissions ORDER BY n")
     assert [(r["kind"], r["status"]) for r in rows] == [("feedback", "passed"), ("final", "passed")]
@@ -231,7 +231,7 @@ def test_run_model_cli_with_the_ray_executor(cluster, tmp_path):
     assert result.exit_code == 0, result.output
     assert "1 trials run" in result.stderr
     with Store(db, read_only=True) as store:
-        assert [t["state"] for t in store.trials("reference")] == ["finished"]
+        assert [t.state for t in store.trials("reference")] == ["finished"]
 
 
 # -- the actors' logic, driven directly (no Ray scheduling) -----------------------------------------
@@ -286,18 +286,21 @@ def test_judge_queue_grades_one_at_a_time_retries_lost_workers_and_reports_queue
 
 
 def test_inbox_releases_a_put_only_once_written_and_passes_cancel_on():
+    def message(seq: int) -> Message:
+        return Message(attempt_id="a", seq=seq, role="user", content="x", created_at=now())
+
     async def scenario():
         inbox = Inbox()
-        put = asyncio.create_task(inbox.put(("add_message", ("a", 0, {}), {})))
-        [(key, call)] = await inbox.take(1.0)
-        assert call[0] == "add_message" and not put.done()
+        put = asyncio.create_task(inbox.put(message(0)))
+        [(key, row)] = await inbox.take(1.0)
+        assert row == message(0).model_copy(update={"created_at": row.created_at}) and not put.done()
         await inbox.cancel()
         await inbox.ack({key: None})
         cancelled = await put
-        failing = asyncio.create_task(inbox.put(("add_message", ("a", 1, {}), {})))
+        failing = asyncio.create_task(inbox.put(message(1)))
         [(key, _)] = await inbox.take(1.0)
         await inbox.ack({key: "ConstraintException: duplicate key"})
-        with pytest.raises(RuntimeError, match="could not record add_message"):
+        with pytest.raises(RuntimeError, match="could not record a Message row"):
             await failing
         return cancelled, await inbox.take(0.01)
 

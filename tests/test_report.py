@@ -10,7 +10,7 @@ from pathlib import Path
 
 import matplotlib
 import pytest
-from analysis_db import add_cell_trials, add_problem, build_known
+from analysis_db import add_cell_trials, add_problem, add_run, add_skill, build_known
 from click.testing import CliRunner
 
 from mkb.analysis import figures
@@ -40,12 +40,12 @@ def db(tmp_path_factory) -> Path:
         add_problem(store, 6, "linear_attention")
         add_cell_trials(store, "n", "p01", {SC: 1.0, ST: 2.0, C2T: 1.0, T2C: 1.0})
         add_cell_trials(store, "n", "p06", {SC: None, ST: 1.5, C2T: 3.0, T2C: None})
-        store.start_run("oracle-run", "reference", is_oracle=True)
+        add_run(store, "oracle-run", "reference", is_oracle=True)
         for problem in ("p01", "p02", "p06"):
             add_cell_trials(store, "reference", problem, {SC: 1.2, ST: 1.1, C2T: 1.3, T2C: 1.0})
         for model, trial in (("m", "p03_r1_solo_cutedsl"), ("m", "p01_r1_solo_tirx"), ("m", "p03_r1_solo_tirx"),
                              ("n", "p06_r1_solo_tirx"), ("n", "p06_r1_solo_cutedsl")):
-            store.put_skill(model, trial, None, f"Skill of {model} {trial}: tile the reduction.")
+            add_skill(store, model, trial, f"Skill of {model} {trial}: tile the reduction.")
     return path
 
 

@@ -1,25 +1,47 @@
-"""The DuckDB store: schema, migrations, transactions, corrupt/newer/locked files."""
+"""The DuckDB store: schema, migrations (a database written by an older mkb), typed rows, corrupt/newer/locked files."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import pytest
 
-from mkb import store as store_mod
-from mkb.errors import StoreError
+from mkb.errors import MkbError, StoreError
 from mkb.problems import load_catalog
+from mkb.records import Arm, Dsl, State, Status
 from mkb.settings import load_settings
-from mkb.store import Store
+from mkb.store import ROWS, Attempt, Message, Run, Skill, Store, StoredSubmission, Trial, migrations, now
+
+DATA = Path(__file__).resolve().parent / "data"
+MAIN_DB = DATA / "db-main-49a1281"
+"""A database written by mkb at commit 49a1281 (schema 1): one `mkb attempt` and one `mkb run-model` trial,
+exported with DuckDB's EXPORT DATABASE (tests/data/README.md says how it was made)."""
+
+
+def import_main_db(path: Path) -> Path:
+    """The schema-1 database of MAIN_DB, as a DuckDB file at path (nothing of mkb touches it)."""
+    con = duckdb.connect(str(path))
+    con.execute(f"IMPORT DATABASE '{MAIN_DB}'")
+    con.close()
+    return path
 
 
 def test_new_database_has_every_table_and_the_schema_version(store):
     tables = {r[0] for r in store.query("SELECT table_name FROM information_schema.tables")[1]}
     assert {"problems", "problem_checks", "runs", "trials", "attempts", "messages", "submissions", "skills",
             "evaluations", "schema_migrations"} <= tables
-    assert store.schema_version == store_mod.SCHEMA_VERSION
+    assert store.schema_version == len(migrations.MIGRATIONS)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r.table)
+def test_each_row_record_has_exactly_its_tables_columns(store, row):
+    """Adding a column means a migration and a field: this keeps the two together."""
+    columns = store.query(f"SELECT * FROM {row.table} LIMIT 0")[0]
+    assert sorted(row.model_fields) == sorted(columns)
 
 
 def test_migrations_apply_once_and_are_recorded(tmp_path, monkeypatch):
@@ -27,26 +49,61 @@ def test_migrations_apply_once_and_are_recorded(tmp_path, monkeypatch):
     Store(path).close()
     applied = []
 
-    def m002_add_note(db):
+    def m999_add_note(db):
         applied.append(1)
         db.execute("ALTER TABLE trials ADD COLUMN note VARCHAR")
 
-    monkeypatch.setattr(store_mod, "MIGRATIONS", store_mod.MIGRATIONS + [m002_add_note])
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS + [m999_add_note])
     for _ in range(2):
         with Store(path) as s:
-            assert s.schema_version == 2
+            assert s.schema_version == len(migrations.MIGRATIONS)
             assert "note" in s.query("SELECT * FROM trials LIMIT 0")[0]
     assert applied == [1]
     with Store(path) as s:
         names = [r[0] for r in s.query("SELECT name FROM schema_migrations ORDER BY version")[1]]
-    assert names == ["m001_initial", "m002_add_note"]
+    assert names == [m.__name__ for m in migrations.MIGRATIONS]
+
+
+def test_a_database_written_by_main_migrates_and_wall_s_becomes_agent_time(tmp_path):
+    path = import_main_db(tmp_path / "main.duckdb")
+    con = duckdb.connect(str(path))  # the attempt's gradings waited 2.5 s for a GPU; a third trial lost queue_s
+    con.execute("UPDATE trials SET queue_s = 2.5 WHERE trial_id = 'p28_r1_solo_cutedsl'")
+    before = dict(con.execute("SELECT trial_id, wall_s FROM trials").fetchall())
+    con.execute("INSERT INTO trials SELECT * REPLACE ('p28_r2_solo_cutedsl' AS trial_id, NULL AS queue_s) "
+                "FROM trials WHERE trial_id = 'p28_r1_solo_cutedsl'")
+    con.close()
+    with Store(path) as store:
+        trials = {t.trial_id: t for t in store.trials()}
+        assert store.schema_version == len(migrations.MIGRATIONS)
+    assert trials["p28_r1_solo_cutedsl"].wall_s == pytest.approx(before["p28_r1_solo_cutedsl"] - 2.5)
+    assert trials["p28_r1_solo_tirx"].wall_s == before["p28_r1_solo_tirx"]  # run-model's was agent time already
+    assert trials["p28_r2_solo_cutedsl"].wall_s is None
+    assert trials["p28_r2_solo_cutedsl"].message.endswith(migrations.WALL_S_UNKNOWN)
+    assert {t.state for t in trials.values()} == {State.FINISHED}
+
+
+def test_a_read_only_open_of_an_older_database_migrates_a_copy_and_leaves_the_file(tmp_path):
+    path = import_main_db(tmp_path / "main.duckdb")
+    before = path.read_bytes()
+    with Store(path, read_only=True) as store:
+        assert store.schema_version == len(migrations.MIGRATIONS)
+        assert [t.trial_id for t in store.trials()] == ["p28_r1_solo_cutedsl", "p28_r1_solo_tirx"]
+        assert store.rows("SELECT count(*) AS n FROM trial_outcomes WHERE attempted") == [{"n": 2}]
+    assert path.read_bytes() == before
+
+
+def test_the_shipped_results_open_read_only(tmp_path):
+    shipped = Path(__file__).resolve().parent.parent / "artifact" / "results" / "mkb-h200.duckdb"
+    copy = shutil.copy(shipped, tmp_path / "shipped.duckdb")
+    with Store(copy, read_only=True) as store:
+        trials = store.trials("reference")
+    assert len(trials) == 48 and {(t.state, t.status) for t in trials} == {(State.FINISHED, Status.PASSED)}
 
 
 def test_a_newer_database_is_refused_not_overwritten(tmp_path):
     path = tmp_path / "new.duckdb"
     with Store(path) as s:
-        s.insert("schema_migrations", {"version": 99, "name": "future", "applied_at": store_mod.now()})
+        s.insert("schema_migrations", {"version": 99, "name": "future", "applied_at": now()})
     before = path.read_bytes()
     with pytest.raises(StoreError, match="newer than this mkb"):
         Store(path)
@@ -66,8 +123,9 @@ def test_a_foreign_duckdb_file_is_refused(tmp_path):
     con = duckdb.connect(str(path))
     con.execute("CREATE TABLE t (x INTEGER)")
     con.close()
-    with pytest.raises(StoreError, match="not an mkb database"):
-        Store(path)
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match="not an mkb database"):
+            Store(path, read_only=read_only)
 
 
 def test_a_second_writer_process_is_refused_with_a_clear_message(tmp_path):
@@ -89,7 +147,7 @@ def test_failed_transaction_rolls_back(store):
         with store.transaction() as db:
             db.execute("INSERT INTO runs (run_id, model, started_at) VALUES ('r', 'm', now())")
             raise RuntimeError("boom")
-    assert store.rows("SELECT * FROM runs") == []
+    assert store.select(Run) == []
 
 
 def test_problems_table_filled_from_the_catalog(store):
@@ -101,22 +159,42 @@ def test_problems_table_filled_from_the_catalog(store):
     assert rows[0]["fingerprint"] == catalog[0].fingerprint
 
 
-def test_attempt_transcript_and_trial_roundtrip(store):
-    store.start_run("run1", "openai/x", is_oracle=False)
-    store.start_attempt("a1", "openai/x", "p28_r1_solo_tirx", run_id="run1")
-    store.add_message("a1", 0, {"role": "system", "content": "hi", "extra": {"prompt_tokens": 5}})
-    store.add_message("a1", 1, {"role": "assistant", "content": None,
-                                "tool_calls": [{"id": "c1", "type": "function",
-                                                "function": {"name": "bash", "arguments": "{}"}}]})
+def test_typed_rows_go_in_whole_and_come_back_as_records(store):
+    at = now()
+    trial = Trial(model="openai/x", trial_id="p28_r1_solo_tirx", problem_id="p28", replicate=1, arm=Arm.SOLO_TIRX,
+                  dsl=Dsl.TIRX, state=State.RUNNING, attempt_id="a1", fingerprint_parts={"problem": "abc"},
+                  started_at=at)
+    store.put(Attempt(attempt_id="a1", model="openai/x", trial_id=trial.trial_id, state=State.RUNNING,
+                      budget={"wall_s": 2400.0}, started_at=at), trial)
+    store.add(Message(attempt_id="a1", seq=0, role="system", content="hi", extra={"wall_s": 0.1}, created_at=at))
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    store.add(Message(attempt_id="a1", seq=1, role="assistant", tool_calls=[call], prompt_tokens=5, created_at=at))
     with pytest.raises(duckdb.ConstraintException):
-        store.add_message("a1", 1, {"role": "user", "content": "dup"})
-    store.finish_attempt("a1", "finished", "incorrect", usage={"prompt_tokens": 5})
-    store.upsert_trial("openai/x", "p28_r1_solo_tirx", problem_id="p28", replicate=1, arm="solo_tirx",
-                       dsl="tirx", state="finished", status="incorrect", attempt_id="a1")
-    sha = store.put_skill("openai/x", "p28_r1_solo_tirx", "a1", "tile rows; fuse the add")
-    messages = store.messages("a1")
-    assert [m["role"] for m in messages] == ["system", "assistant"]
-    assert messages[0]["prompt_tokens"] == 5
-    assert store.trials("openai/x")[0]["status"] == "incorrect"
-    assert store.skill("openai/x", "p28_r1_solo_tirx")["sha256"] == sha
-    assert store.rows("SELECT state, status FROM attempts") == [{"state": "finished", "status": "incorrect"}]
+        store.add(Message(attempt_id="a1", seq=1, role="user", content="dup", created_at=at))
+    store.add(StoredSubmission(attempt_id="a1", n=1, kind="final", status=Status.INCORRECT,
+                               record={"status": "incorrect", "problem": "p28", "dsl": "tirx", "device": "cpu"},
+                               created_at=at))
+    store.put(trial.model_copy(update={"state": State.FINISHED, "status": Status.INCORRECT}))
+    store.put(Skill(model="openai/x", trial_id=trial.trial_id, attempt_id="a1", text="tile rows", sha256="s",
+                    created_at=at))
+    assert store.trial("openai/x", trial.trial_id) == trial.model_copy(
+        update={"state": State.FINISHED, "status": Status.INCORRECT})
+    assert [m.wire() for m in store.messages("a1")] == [
+        {"role": "system", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    assert store.submissions("a1")[0].judge_record().status == Status.INCORRECT
+    assert store.find_attempt(trial.trial_id).budget == {"wall_s": 2400.0} == store.find_attempt("a").budget
+    assert store.skill("openai/x", trial.trial_id).text == "tile rows"
+    store.delete(Skill, model="openai/x", trial_id=trial.trial_id)
+    assert store.skill("openai/x", trial.trial_id) is None
+    with pytest.raises(MkbError, match="no trial or attempt 'p99'"):
+        store.find_attempt("p99")
+
+
+def test_views_name_states_statuses_and_arms_only_through_the_enums():
+    import re
+
+    from mkb.records import Arm
+    from mkb.store.database import VIEWS_SQL
+
+    literals = set(re.findall(r"'([a-z0-9_]+)'", VIEWS_SQL.read_text()))
+    assert not literals & {*State, *Status, *Arm}

@@ -14,7 +14,7 @@ from mkb.agent.executor import Executor
 from mkb.agent.model import ContextExhausted, Model, ProviderError
 from mkb.agent.tools import TOOL_SPECS, Grade, Submission, Toolbox, ToolResult
 from mkb.agent.workspace import has_docs
-from mkb.records import Dsl, JudgeRecord, ProblemInfo, Record, Status
+from mkb.records import Dsl, JudgeRecord, ProblemInfo, Record, State, Status
 
 ENDINGS = {
     "finish": "the agent called finish", "time": "the wall-clock budget is spent",
@@ -28,7 +28,7 @@ ENDINGS = {
 class AttemptResult(Record):
     """How one attempt ended and what it produced."""
 
-    state: str
+    state: State
     """finished (the loop ended and the final kernel was graded), infra_error (the provider failed:
     rerun, never charged) or interrupted (cancelled)."""
     status: Status | None = None
@@ -62,7 +62,7 @@ class AttemptResult(Record):
 def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor, budget: Budget, *,
                 grade: Grade, on_message: Callable[[int, dict[str, Any]], None],
                 on_submission: Callable[[Submission], None] | None = None, skill_text: str | None = None,
-                gpu: prompts.Gpu = prompts.Gpu(), problems_dir: Path | None = None,
+                gpu: prompts.Gpu = prompts.Gpu(), problems_dir: Path,
                 cancel: threading.Event | None = None, now: Callable[[], float] = time.monotonic) -> AttemptResult:
     """Run one attempt in an already prepared workspace and grade its final kernel.py.
 
@@ -73,11 +73,11 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
         on_message: called with (seq, message) as each message is appended (the transcript).
         on_submission: called with each Submission as it is graded.
         skill_text: a transferred skill (skill arms); it goes into the first user message.
+        problems_dir: the problem set's root (templates and DSL docs).
         cancel: set it to stop the attempt between turns (state interrupted, no final grading).
         now: the clock the budget is charged on.
     """
-    problems_dir = Path(problems_dir or prompts.default_problems_dir())
-    templates_dir = problems_dir / "templates"
+    templates_dir = Path(problems_dir) / "templates"
     clock, usage = Clock(budget, now), Usage()
     toolbox = Toolbox(executor, grade, clock, budget, on_submission)
     messages: list[dict[str, Any]] = []
@@ -95,7 +95,7 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
     append({"role": "system", "content": system, "extra": {"isolation": executor.isolation}})
     append({"role": "user", "content": prompts.kickoff(executor.workdir, skill_text, templates_dir),
             "extra": {"skill": skill_text is not None}})
-    state, detail = "finished", ""
+    state, detail = State.FINISHED, ""
     try:
         while (ending := _stop_reason(clock, usage, toolbox, cancel)) is None:
             completion = model.complete(_wire(messages), TOOL_SPECS)
@@ -116,19 +116,19 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
     except ContextExhausted as exc:
         ending, detail = "context", str(exc)
     except ProviderError as exc:
-        state, ending, detail = "infra_error", "provider", str(exc)
+        state, ending, detail = State.INFRA_ERROR, "provider", str(exc)
     if ending == "cancelled":
-        state = "interrupted"
+        state = State.INTERRUPTED
     final = None
     try:
-        if state == "finished":
+        if state == State.FINISHED:
             append({"role": "user", "content": f"[attempt over: {ENDINGS[ending]}. The final kernel.py is graded.]",
                     "extra": {"notice": "end", "ending": ending}})
             final = toolbox.grade_kernel("final").record
         skill = toolbox.read_skill()
     finally:
         toolbox.close()
-    status = final.status if final else Status.INFRA_ERROR if state == "infra_error" else None
+    status = final.status if final else Status.INFRA_ERROR if state == State.INFRA_ERROR else None
     return AttemptResult(
         state=state, status=status, ending=ending, message=detail or ENDINGS[ending], final=final,
         skill_text=skill, n_submissions=budget.n_submissions - toolbox.submissions_left,

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from mkb.environment import toolchain_versions
 from mkb.records import Dsl, ProblemInfo
-from mkb.settings import load_settings
 
 DSL_NAMES = {Dsl.CUTEDSL: "CuTe DSL", Dsl.TIRX: "TIRx"}
 OTHER_DSL_NAMES = {Dsl.CUTEDSL: "TIRx / TVM", Dsl.TIRX: "CuTe DSL / CUTLASS"}
@@ -25,10 +24,6 @@ class Gpu:
 
     name: str = "NVIDIA H200"
     arch: str = "sm_90a"
-
-
-def default_problems_dir() -> Path:
-    return load_settings().problems_dir
 
 
 def _environment(templates_dir: Path) -> jinja2.Environment:
@@ -58,17 +53,6 @@ def templates_sha256(templates_dir: Path) -> str:
 def contract_values(problem: ProblemInfo, dsl: Dsl) -> dict[str, Any]:
     return {"problem": problem, "dsl": str(dsl), "dsl_name": DSL_NAMES[dsl], "other_dsl_name": OTHER_DSL_NAMES[dsl],
             "grading": GRADING}
-
-
-def toolchain_versions() -> dict[str, str]:
-    """Installed versions of the DSL packages, as the instruction states them."""
-    found = {}
-    for package in ("nvidia-cutlass-dsl", "apache-tvm", "torch"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "not installed"
-    return found
 
 
 def instruction(problem: ProblemInfo, dsl: Dsl, *, gpu: Gpu, budget_s: float | None, n_submissions: int,

@@ -7,7 +7,7 @@ from mkb.analysis.metrics import Standing
 from mkb.analysis.params import footnote
 from mkb.analysis.render import Column, Table
 from mkb.analysis.summaries import model_groups, select, summarize_arm, summarize_cells
-from mkb.records import FAMILIES, Arm
+from mkb.records import FAMILIES, Arm, State
 
 _PAIRED = (Column("cells", "Cells", "int"), Column("dgm", "ΔGM [95% CI]", "signed_pct_ci"),
            Column("help", "Help T [95% CI]", "pct_ci"), Column("harm", "Harm H [95% CI]", "pct_ci"),
@@ -27,7 +27,7 @@ def _exclusion_notes(results: Results) -> tuple[str, ...]:
     notes = [f"{len(results.complete_cells)} complete cells; {len(skipped)} skill trials skipped "
              f"(no SKILL.md from the source) are scored r = 1."]
     if excluded:
-        states = sorted({a.status if a.state == "finished" else a.state for a in excluded})
+        states = sorted({a.status if a.state == State.FINISHED else a.state for a in excluded})
         notes.append(f"{len(excluded)} trials not counted ({', '.join(states)}); never charged to the model.")
     if incomplete:
         notes.append(f"{len(incomplete)} cells incomplete (base or skill trial missing or not counted); "

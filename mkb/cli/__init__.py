@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import pkgutil
+import shlex
 import sys
 from functools import wraps
 
@@ -57,8 +58,24 @@ def _cell(value) -> str:
     return str(value)
 
 
+def run_options(fn):
+    """--device, --sandbox and --image: where an attempt's kernels are graded and its commands run (settings)."""
+    fn = click.option("--image", help="Image for --sandbox docker (default: the image setting, mkb:latest).")(fn)
+    fn = click.option("--sandbox", type=click.Choice(["local", "docker", "none"]),
+                      help="Where the agent's commands run: local (bubblewrap; falls back loudly to a plain "
+                           "subprocess), docker (a container of --image) or none (default: the sandbox setting).")(fn)
+    return click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
+                        help="Where the judge runs kernels; cpu grades at smoke scale, for tests "
+                             "(default: the device setting, auto).")(fn)
+
+
+def command_line(ctx: click.Context) -> str:
+    """The command line of this invocation, as run rows record it."""
+    return shlex.join(["mkb", *ctx.find_root().meta.get("argv", [])])
+
+
 def settings_from(ctx: click.Context, **overrides) -> Settings:
-    """Settings for this invocation: command flags > global flags > MKB_* env > defaults."""
+    """Settings for this invocation, built once: command flags > global flags > MKB_* env > defaults."""
     base = dict(ctx.find_root().obj or {})
     base.update({k: v for k, v in overrides.items() if v is not None})
     try:
@@ -68,7 +85,11 @@ def settings_from(ctx: click.Context, **overrides) -> Settings:
 
 
 class MkbGroup(click.Group):
-    """Turns MkbError into one 'Error: ...' line (exit 1) and Ctrl-C into exit 130."""
+    """Turns MkbError into one 'Error: ...' line (exit 1) and Ctrl-C into exit 130; keeps the arguments."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["argv"] = list(args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
@@ -81,8 +102,8 @@ class MkbGroup(click.Group):
 
 
 @click.group(cls=MkbGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--db", type=click.Path(dir_okay=False), envvar="MKB_DB", help="Results database (default results/mkb.duckdb).")
-@click.option("--home", type=click.Path(file_okay=False), envvar="MKB_HOME", help="Directory for all mutable state.")
+@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default <home>/mkb.duckdb; env MKB_DB).")
+@click.option("--home", type=click.Path(file_okay=False), help="Directory for all mutable state (env MKB_HOME).")
 @click.option("-v", "--verbose", is_flag=True, help="Show debug logging.")
 @click.option("-q", "--quiet", is_flag=True, help="Show warnings and errors only.")
 @click.version_option(package_name="mkb")

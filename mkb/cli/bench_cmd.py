@@ -49,12 +49,13 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, cs
     \b
         mkb bench judge --json
     """
-    from mkb.judge import grade, resolve_device
+    from mkb.environment import resolve_device
+    from mkb.judge import grade
     from mkb.problems import catalog_for, resolve
 
-    if resolve_device("auto") != "cuda":
-        raise MkbError("mkb bench judge needs a CUDA GPU and none is visible here; run it on the GPU machine.")
     settings = settings_from(ctx)
+    if resolve_device(settings).kind != "cuda":
+        raise MkbError("mkb bench judge needs a CUDA GPU and none is visible here; run it on the GPU machine.")
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     rows = []
     for mode in modes or ("paper", "flushed"):

@@ -136,16 +136,11 @@ def problems_check(ctx, ids, scale, device, family, record, json_=False, csv_=Fa
         mkb problems check --scale full --device cuda --record
     """
     from mkb import environment
-    from mkb.errors import MkbError
     from mkb.qa import check_problems
 
     settings, cat = _catalog(ctx)
     chosen = catalog_mod.select(list(ids), cat, list(family) or None)
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu, or run on a GPU machine.")
+    environment.device_kind(device, len(environment.gpus()) if device == "cuda" else 0)  # refuses cuda without one
     with console.status(f"checking {len(chosen)} problems ({scale}, {device})"):
         reports = [report for _, report in check_problems(chosen, scale=scale, device=device)]
     if record:

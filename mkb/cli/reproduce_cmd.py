@@ -10,9 +10,9 @@ from mkb.cli import console, emit, settings_from
 
 
 @click.command(name="reproduce")
-@click.option("--model", envvar="MODEL", help="Run this model's full protocol (provider/model) instead of the oracle.")
-@click.option("--base-url", envvar="MKB_BASE_URL", help="Endpoint for a plain model name.")
-@click.option("--problems", envvar="PROBLEMS", help="Only these problems in the protocol run (ids or globs, "
+@click.option("--model", help="Run this model's full protocol (provider/model) instead of the oracle.")
+@click.option("--base-url", help="Endpoint for a plain model name (env MKB_BASE_URL).")
+@click.option("--problems", help="Only these problems in the protocol run (ids or globs, "
               "comma-separated, e.g. 'p28,p25'); finished trials in the database are reused. QA covers all.")
 @click.pass_context
 def reproduce_cmd(ctx, model, base_url, problems):
@@ -30,9 +30,8 @@ def reproduce_cmd(ctx, model, base_url, problems):
     """
     from mkb.reproduce import reproduce
 
-    settings = settings_from(ctx)
-    result = reproduce(settings, model=model, base_url=base_url,
-                       problems=[p for p in (problems or "").split(",") if p] or None)
+    settings = settings_from(ctx, base_url=base_url)
+    result = reproduce(settings, model=model, problems=[p for p in (problems or "").split(",") if p] or None)
     console.print(f"GPU: {result.gpu or 'none visible (CPU-only steps)'}")
     emit([{"step": s.name, "result": "skipped" if s.skipped else "ok" if s.ok else "FAILED", "summary": s.summary}
           for s in result.steps], title="mkb reproduce")

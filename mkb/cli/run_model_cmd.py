@@ -7,8 +7,8 @@ import time
 
 import click
 
-from mkb.cli import console, emit, settings_from
-from mkb.records import FAMILIES, Arm
+from mkb.cli import command_line, console, emit, run_options, settings_from
+from mkb.records import FAMILIES, Arm, State
 
 
 class _Live:
@@ -59,24 +59,20 @@ class _Live:
 @click.option("--replicates", default=1, show_default=True, type=click.IntRange(1), help="Replicates per arm.")
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1), help="Attempts at once.")
 @click.option("--gpus", help="GPU indices for judge workers, e.g. 0,1,2 (default: every visible GPU).")
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
-              help="Where the judge runs kernels (cpu = the judge's CPU mode, for tests).")
+@run_options
 @click.option("--rerun-stale", is_flag=True, help="Rerun finished trials whose fingerprint changed.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
-@click.option("--base-url", envvar="MKB_BASE_URL", help="OpenAI-compatible endpoint for plain model names.")
+@click.option("--base-url", help="OpenAI-compatible endpoint for plain model names (env MKB_BASE_URL).")
 @click.option("--api-key-env", help="Environment variable holding the API key.")
 @click.option("--budget-s", type=float, default=2400.0, show_default=True, help="Agent wall clock per attempt.")
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions per attempt.")
-@click.option("--sandbox", type=click.Choice(["local", "docker"]), default="local", show_default=True)
-@click.option("--image", default="mkb:latest", show_default=True, help="Image for --sandbox docker.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run on this host, or attempts as Ray tasks and judges as one-GPU Ray actors (docs/ray.md).")
 @click.option("--ray-address", help="Ray cluster for --executor ray (auto, HOST:6379, ray://HOST:10001); "
                                     "default: the one 'ray start' left on this host, else a new local one.")
 @click.pass_context
-def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device,
-                  rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, sandbox, image, executor,
-                  ray_address):
+def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device, sandbox,
+                  image, rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, executor, ray_address):
     """Run the protocol for MODEL (provider/model, a plain name with --base-url, or `reference`).
 
     Trials are p<NN>_r<k>_<arm>; finished ones are reused, errored ones rerun, stale ones block
@@ -89,25 +85,18 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
         mkb run-model openrouter/qwen/qwen3-coder --replicates 2 --concurrency 8
         mkb run-model reference --executor ray --ray-address auto --concurrency 64
     """
-    from mkb import environment, protocol
+    from mkb import protocol
     from mkb.agent.budget import Budget
-    from mkb.errors import MkbError
     from mkb.protocol.plan import Action
     from mkb.store import Store
 
-    settings = settings_from(ctx)
-    on_ray = executor == "ray"  # then the cluster's GPUs count, not this host's
-    if device == "auto" and not on_ray:
-        device = "cuda" if environment.gpus() else "cpu"
-    if device == "cuda" and not on_ray and not environment.gpus():
-        raise MkbError("--device cuda but no CUDA GPU is visible. Use --device cpu (the judge's CPU mode).")
-    slots = ["cpu"] if device == "cpu" else (gpus.split(",") if gpus else [str(g["index"]) for g in environment.gpus()])
+    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image)
     request = protocol.RunRequest(
         model=model, problems=[x for p in problems for x in p.split(",") if x] or None, families=list(families) or None,
         arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,
-        concurrency=concurrency, slots=slots, rerun_stale=rerun_stale,
-        budget=Budget(wall_s=budget_s, n_submissions=submissions), base_url=base_url, api_key_env=api_key_env,
-        sandbox=sandbox, image=image)
+        concurrency=concurrency, slots=gpus.split(",") if gpus else None, rerun_stale=rerun_stale,
+        budget=Budget(wall_s=budget_s, n_submissions=submissions), base_url=settings.base_url,
+        api_key_env=api_key_env, command=command_line(ctx))
     if dry_run:  # changes nothing: not even creating the database file
         opened = Store(settings.db_path, read_only=True) if settings.db_path.exists() else Store(":memory:")
     else:
@@ -124,23 +113,21 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
         items = protocol.check_stale(items, rerun_stale)
         view = _Live()
         started = time.monotonic()
-        with view:
-            if on_ray:
-                from mkb.protocol.ray_executor import RayOptions, run_model_ray
+        ray = None
+        if executor == "ray":  # then the cluster's GPUs count, not this host's
+            from mkb.protocol.ray_executor import RayOptions
 
-                progress = run_model_ray(settings, store, request, items, RayOptions(address=ray_address), device,
-                                         on_event=view.event, on_pool=lambda p: setattr(view, "pool", p))
-            else:
-                progress = protocol.run_model(settings, store, request, items, protocol.judge_grader(settings, device),
-                                              protocol.executor_factory(sandbox, image, settings), on_event=view.event,
-                                              on_pool=lambda p: setattr(view, "pool", p))
+            ray = RayOptions(address=ray_address)
+        with view:
+            progress = protocol.execute(settings, store, request, items, ray=ray, on_event=view.event,
+                                        on_pool=lambda p: setattr(view, "pool", p))
         wall = time.monotonic() - started
         rows = store.rows("SELECT state, status, count(*) AS n FROM trials WHERE model = ? "
                           "GROUP BY ALL ORDER BY ALL", [model])
     emit(rows, title=f"{model}: {progress.done} trials run in {wall:.0f} s "
                      f"({3600 * progress.done / max(wall, 1e-9):.1f} trials/hour)")
     console.print(f"Results in {settings.db_path}")
-    if progress.by_state.get("infra_error"):
+    if progress.by_state.get(State.INFRA_ERROR):
         sys.exit(1)
 
 

@@ -22,11 +22,6 @@ def _clip(text: str, lines: int) -> str:
     return "\n".join(rows[:lines] + [f"... ({len(rows) - lines} more lines; --full shows all)"])
 
 
-def _calls(message: dict) -> list[dict]:
-    calls = message.get("tool_calls")
-    return (json.loads(calls) if isinstance(calls, str) else calls) or []
-
-
 def _print_call(call: dict, limit: int) -> None:
     function = call.get("function") or {}
     name, raw = function.get("name", "?"), function.get("arguments") or ""
@@ -49,13 +44,13 @@ def _print_call(call: dict, limit: int) -> None:
         console.print(f"  [bold]→ {escape(name)}[/]({escape(shown[:500])})")
 
 
-def _header(attempt: dict, trial: dict | None) -> Table:
+def _header(attempt, trial) -> Table:
     table = Table(show_header=False, box=None)
-    fields = {"trial": attempt["trial_id"], "attempt": attempt["attempt_id"], "model": attempt["model"],
-              "state": attempt["state"], "status": attempt["status"], "sandbox": attempt["sandbox"],
-              "ended": attempt["message"], "usage": attempt["usage"]}
+    fields = {"trial": attempt.trial_id, "attempt": attempt.attempt_id, "model": attempt.model,
+              "state": attempt.state, "status": attempt.status, "sandbox": attempt.sandbox,
+              "ended": attempt.message, "usage": attempt.usage}
     if trial:
-        fields |= {"problem": f"{trial['problem_id']} ({trial['dsl']}, {trial['arm']})", "speedup": trial["speedup"]}
+        fields |= {"problem": f"{trial.problem_id} ({trial.dsl}, {trial.arm})", "speedup": trial.speedup}
     for key, value in fields.items():
         table.add_row(f"[bold]{key}[/]", escape(str(value)))
     return table
@@ -79,32 +74,32 @@ def show(ctx, trial_or_attempt, db, full, json_):
         mkb show 3f2a --json | jq '.messages | length'
     """
     from mkb.store import Store
-    from mkb.trial import find_attempt
 
     settings = settings_from(ctx, db=db)
     with Store(settings.db_path, read_only=True) as store:
-        attempt = find_attempt(store, trial_or_attempt)
-        messages = store.messages(attempt["attempt_id"])
-        trials = store.rows("SELECT * FROM trials WHERE model = ? AND trial_id = ?", [attempt["model"], attempt["trial_id"]])
-        submissions = store.rows("SELECT n, kind, status, speedup, kernel_ms, eager_ms, queue_s FROM submissions "
-                                 "WHERE attempt_id = ? ORDER BY n", [attempt["attempt_id"]])
+        attempt = store.find_attempt(trial_or_attempt)
+        messages = store.messages(attempt.attempt_id)
+        trial = store.trial(attempt.model, attempt.trial_id)
+        submissions = [{"n": s.n, "kind": s.kind, "status": s.status, "speedup": s.speedup, "kernel_ms": s.kernel_ms,
+                        "eager_ms": s.eager_ms, "queue_s": s.queue_s} for s in store.submissions(attempt.attempt_id)]
     if json_:
-        click.echo(json.dumps({"attempt": attempt, "messages": messages, "submissions": submissions},
-                              indent=2, default=str))
+        click.echo(json.dumps({"attempt": attempt.model_dump(mode="json"),
+                               "messages": [m.model_dump(mode="json") for m in messages],
+                               "submissions": submissions}, indent=2))
         return
     limit = 10**9 if full else 40
-    console.print(Panel(_header(attempt, trials[0] if trials else None), title="attempt"))
+    console.print(Panel(_header(attempt, trial), title="attempt"))
     for m in messages:
-        extra = json.loads(m["extra"]) if isinstance(m["extra"], str) else (m["extra"] or {})
-        tokens = f" · {m['prompt_tokens']}+{m['completion_tokens']} tokens" if m["prompt_tokens"] else ""
-        label = m["role"] + (f" ({extra['tool']})" if extra.get("tool") else "")
-        console.rule(f"[{_ROLE_STYLE.get(m['role'], 'white')}]#{m['seq']} {label}[/] "
+        extra = m.extra or {}
+        tokens = f" · {m.prompt_tokens}+{m.completion_tokens} tokens" if m.prompt_tokens else ""
+        label = m.role + (f" ({extra['tool']})" if extra.get("tool") else "")
+        console.rule(f"[{_ROLE_STYLE.get(m.role, 'white')}]#{m.seq} {label}[/] "
                      f"[dim]{extra.get('elapsed_s', 0):.0f} s{tokens}[/]", align="left")
         if extra.get("reasoning"):
             console.print(f"[dim]{escape(_clip(extra['reasoning'], limit // 4))}[/]")
-        if m["content"]:
-            console.print(escape(_clip(m["content"], 12 if m["role"] == "system" and not full else limit)))
-        for call in _calls(m):
+        if m.content:
+            console.print(escape(_clip(m.content, 12 if m.role == "system" and not full else limit)))
+        for call in m.tool_calls or []:
             _print_call(call, limit)
     if submissions:
         table = Table(title="gradings")

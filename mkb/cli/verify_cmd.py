@@ -36,14 +36,15 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
         mkb verify p28 --dsl cutedsl kernel.py --json
         mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
     """
+    from mkb.environment import resolve_device
     from mkb.judge import grade
     from mkb.problems import catalog_for, resolve
 
-    settings = settings_from(ctx, db=db, judge_spares=0)  # one grading: nothing to start ahead for
+    settings = settings_from(ctx, db=db, judge_spares=0, device=device)  # one grading: nothing to start ahead
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
-    record = grade(problem, kernel, dsl, device=device or settings.device, timing=timing, timeout_s=timeout_s,
+    record = grade(problem, kernel, dsl, device=resolve_device(settings).kind, timing=timing, timeout_s=timeout_s,
                    settings=settings, scale=scale)
-    if db or (ctx.find_root().obj or {}).get("db"):
+    if settings.db is not None:  # --db, the global --db or MKB_DB: store the record there
         from mkb.store import Store
 
         data = Path(kernel).read_bytes()

@@ -5,6 +5,6 @@
 threat model.
 """
 
-from mkb.judge.grading import grade, resolve_device
+from mkb.judge.grading import grade
 
-__all__ = ["grade", "resolve_device"]
+__all__ = ["grade"]

@@ -9,8 +9,6 @@ JudgeRecord. Candidate failures are statuses, never exceptions.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,7 +18,7 @@ from mkb.errors import MkbError
 from mkb.judge import static
 from mkb.judge.processes import Evaluation, Plan, launched
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
-from mkb.settings import Settings, load_settings
+from mkb.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -55,28 +53,23 @@ def _netns_failure(verdict: dict, details: dict, log_tail: str) -> str | None:
     return None
 
 
-def resolve_device(device: str) -> str:
-    """cuda or cpu; 'auto' picks cuda when an NVIDIA device is present."""
-    if device in ("cuda", "cpu"):
-        return device
-    if device != "auto":
-        raise MkbError(f"unknown device '{device}'. Use cuda, cpu or auto.")
-    return "cuda" if os.path.exists("/dev/nvidiactl") and shutil.which("nvidia-smi") else "cpu"
-
-
-def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, device: str = "auto",
+def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, device: str,
           timing: str = "paper", timeout_s: float | None = None, settings: Settings | None = None,
           scale: str = "full", visible_devices: str | None = None,
           now: Callable[[], float] = time.monotonic) -> JudgeRecord:
     """Grade kernel_path against one problem variant (DESIGN §5).
 
-    visible_devices pins the judge's processes to GPUs (CUDA_VISIBLE_DEVICES, e.g. "3").
+    device is cuda or cpu, as the caller resolved it (mkb.environment.resolve_device); settings
+    default to the defaults. visible_devices pins the judge's processes to GPUs (CUDA_VISIBLE_DEVICES, e.g. "3").
 
     Raises:
         MkbError: the kernel file does not exist or an option is invalid (user errors only).
     """
-    settings = settings or load_settings()
-    dsl, device, started = Dsl(dsl), resolve_device(device), now()
+    settings = settings or Settings()
+    dsl, started = Dsl(dsl), now()
+    if device not in ("cuda", "cpu"):
+        raise MkbError(f"unknown device '{device}': grade() takes cuda or cpu (resolve 'auto' with "
+                       f"mkb.environment.resolve_device).")
     if timing not in ("paper", "flushed"):
         raise MkbError(f"unknown timing mode '{timing}'. Use paper or flushed.")
     kernel = Path(kernel_path)

@@ -1,36 +1,37 @@
-"""The protocol runner: plan a model's trials from the store, run them, record everything (DESIGN §7)."""
+"""The protocol runner: plan a model's trials from the store, run them, record everything (DESIGN §7).
+
+execute() is the one wiring of a run (`mkb run-model`, `mkb attempt`, `mkb reproduce`): the judge pool
+or the Ray judges, the sandboxes, the model, and the run, attempt and trial rows through mkb.trial.
+"""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
-import uuid
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
-from mkb import environment
 from mkb.agent.budget import Budget
-from mkb.agent.prompts import Gpu
+from mkb.environment import Device, resolve_device
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, select
-from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model, solution_path
-from mkb.protocol.plan import Action, FingerprintParts, PlanItem, TrialSpec, expand, plan
+from mkb.protocol.attempts import ORACLE, gpu_named, make_attempt, model_config, model_factory, solution_path
+from mkb.protocol.plan import Action, PlanItem, expand, plan
 from mkb.protocol.pool import JudgePool
 from mkb.protocol.runner import Progress, ProtocolRun
-from mkb.records import Arm
+from mkb.records import DSLS, Arm, State, TrialSpec
 from mkb.settings import Settings
-from mkb.store import Store
-from mkb.trial import fingerprint_parts, make_executor
+from mkb.store import Skill, Store
+from mkb.trial import Recorder, fingerprint_parts, start_run
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class RunRequest:
-    """What `mkb run-model` was asked to do."""
+    """What a run was asked to do (`mkb run-model`, or the one trial of `mkb attempt`)."""
 
     model: str
     problems: list[str] | None = None
@@ -40,19 +41,14 @@ class RunRequest:
     replicates: int = 1
     concurrency: int = 4
     slots: list[str] | None = None
+    """Judge workers (GPU indices); default one per GPU of the device, or 'cpu'."""
     rerun_stale: bool = False
     budget: Budget = Budget()
     base_url: str | None = None
     api_key_env: str | None = None
     sampling: dict | None = None
-    sandbox: str = "local"
-    image: str = "mkb:latest"
-
-
-def current_parts(settings: Settings, spec: TrialSpec, source_skill: str | None, budget: Budget) -> FingerprintParts:
-    """The fingerprint parts a trial would have if it ran now (the same parts `mkb attempt` records)."""
-    return FingerprintParts(**fingerprint_parts(spec.problem, spec.arm.dsl, settings, budget,
-                                                source_skill if spec.arm.is_skill else None))
+    command: str = "run-model"
+    """The command line, as the run row records it."""
 
 
 def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[PlanItem]:
@@ -63,10 +59,10 @@ def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[Pla
     specs = expand(problems, request.arms or list(Arm), request.replicates, request.trial_glob)
     if not specs:
         raise MkbError("the selection holds no trials. Check --problems, --families, --arms and --trials.")
-    stored = {t["trial_id"]: t for t in store.trials(request.model)}
-    skills = {s["trial_id"]: s["sha256"] for s in store.rows("SELECT trial_id, sha256 FROM skills WHERE model = ?",
-                                                              [request.model])}
-    current = {s.trial_id: current_parts(settings, s, skills.get(s.source_trial_id), request.budget) for s in specs}
+    stored = {t.trial_id: t for t in store.trials(request.model)}
+    skills = {s.trial_id: s.sha256 for s in store.select(Skill, "model = ?", [request.model])}
+    current = {s.trial_id: fingerprint_parts(settings, s, request.budget, skills.get(s.source_trial_id))
+               for s in specs}
     return plan(specs, stored, current)
 
 
@@ -74,7 +70,6 @@ def oracle_problems(settings: Settings, problems: list) -> list:
     """The selected problems the `reference` oracle can attempt: those with a shipped solution in both DSLs.
 
     The others are left out of the plan (with a warning), never run: the oracle has nothing to submit there."""
-    from mkb.records import DSLS
 
     def solved(problem) -> bool:
         return all(solution_path(settings.solutions_path, problem, d).exists() for d in DSLS)
@@ -102,10 +97,36 @@ def check_stale(items: list[PlanItem], rerun_stale: bool) -> list[PlanItem]:
     return [i.model_copy(update={"action": Action.RERUN}) if i.action == Action.STALE else i for i in items]
 
 
-def gpu_for_prompt() -> Gpu:
-    """The GPU named in the instruction: the first visible one, else the paper's H200."""
-    gpus = environment.gpus()
-    return Gpu(name=gpus[0]["name"], arch=gpus[0]["arch"]) if gpus else Gpu()
+def execute(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem], *,
+            ray=None, grade: Callable | None = None, on_event: Callable | None = None,
+            on_pool: Callable | None = None, given_skills: dict[str, str] | None = None) -> Progress:
+    """Run the planned trials on this host, or on a Ray cluster when ray (RayOptions) is given.
+
+    grade(problem, kernel_path, dsl, device_slot=...) defaults to the real judge on settings' device.
+    Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
+    """
+    if ray is not None:
+        from mkb.protocol.ray_executor import run_model_ray
+
+        return run_model_ray(settings, store, request, items, ray, grade=grade, on_event=on_event, on_pool=on_pool,
+                             given_skills=given_skills)
+    device = resolve_device(settings)
+    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
+    run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings, device=device,
+                       command=request.command)
+    pool = JudgePool(grade or judge_grader(settings, device), request.slots or device.slots)
+    if on_pool:
+        on_pool(pool)
+
+    def grade_for(spec: TrialSpec):
+        return lambda kernel_path: pool.grade(spec.problem, kernel_path, spec.arm.dsl, label=spec.trial_id)
+
+    attempt = make_attempt(store, request.model, model_factory(config, settings.solutions_path), request.budget,
+                           grade_for, settings, gpu_named(device))
+    try:
+        return drive(settings, store, request, items, run_id, attempt, on_event, given_skills=given_skills)
+    finally:
+        pool.close()
 
 
 @contextmanager
@@ -127,60 +148,22 @@ def _stop_on_signals(cancel: threading.Event):
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_model(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem],
-              grade: Callable[..., object], executor_for: Callable[[Path], object],
-              on_event: Callable[[str, TrialSpec, Progress], None] | None = None,
-              on_pool: Callable[[JudgePool], None] | None = None) -> Progress:
-    """Run the planned trials of one model; `grade(problem, kernel_path, dsl, device_slot=...)` judges.
-
-    Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
-    """
-    oracle = request.model == ORACLE
-    if oracle:
-        model_for = lambda spec: oracle_model(spec.problem, spec.arm.dsl, settings.solutions_path)  # noqa: E731
-        provider = {"provider": "oracle", "is_oracle": True}
-    else:
-        from mkb.agent.model import ChatModel, parse_model_spec
-
-        config = parse_model_spec(request.model, request.base_url, request.api_key_env, **(request.sampling or {}))
-        config.api_key()  # a missing key fails here, in one line, before anything runs
-        model_for = lambda spec: ChatModel(config)  # noqa: E731
-        provider = {"provider": config.provider, "base_url": config.base_url, "api_key_env": config.api_key_env,
-                    "params": config.model_dump(mode="json", exclude={"api_key_env"})}
-    run_id = uuid.uuid4().hex
-    facts = environment.describe(with_gpu=True)
-    store.start_run(run_id, request.model, versions=facts["versions"], git_commit=facts["git_commit"],
-                    host=facts["host"], gpus=facts["gpus"], command="run-model", **provider)
-    pool = JudgePool(grade, request.slots or ["cpu"])
-    if on_pool:
-        on_pool(pool)
-    gpu = gpu_for_prompt()
-
-    def grade_for(spec: TrialSpec):
-        return lambda kernel_path: pool.grade(spec.problem, kernel_path, spec.arm.dsl, label=spec.trial_id)
-
-    attempt = make_attempt(store, request.model, model_for, request.budget, grade_for, executor_for,
-                           settings.home / "workspaces", settings.problems_dir, gpu)
-    try:
-        return drive(settings, store, request, items, run_id, attempt, on_event)
-    finally:
-        pool.close()
-
-
 def drive(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem], run_id: str,
-          attempt, on_event=None, around: Callable[[ProtocolRun], object] | None = None) -> Progress:
+          attempt, on_event=None, around: Callable[[ProtocolRun], object] | None = None,
+          given_skills: dict[str, str] | None = None) -> Progress:
     """Run the planned trials with any executor's attempt function and record how the run ended.
 
     `around(runner)` may return a context manager held while the trials run (e.g. a message drainer).
     Ctrl-C/SIGTERM set the cancel flag: running attempts end interrupted and rerun next time.
     """
-    skills_sha = lambda spec, sha: current_parts(settings, spec, sha, request.budget)  # noqa: E731
-    runner = ProtocolRun(store, request.model, run_id, attempt, skills_sha, request.concurrency, on_event)
-    state = "interrupted"
+    parts = lambda spec, sha: fingerprint_parts(settings, spec, request.budget, sha)  # noqa: E731
+    runner = ProtocolRun(store, Recorder(store, request.model, run_id, request.budget), attempt, parts,
+                         request.concurrency, on_event, given_skills)
+    state = State.INTERRUPTED
     try:
         with (around(runner) if around else nullcontext()), _stop_on_signals(runner.cancel):
             progress = runner.run(items)
-        state = "finished"
+        state = State.FINISHED
         return progress
     except KeyboardInterrupt:
         runner.cancel.set()
@@ -189,23 +172,17 @@ def drive(settings: Settings, store: Store, request: RunRequest, items: list[Pla
         store.finish_run(run_id, state)
 
 
-def judge_grader(settings, device: str):
-    """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU."""
+def judge_grader(settings: Settings, device: Device):
+    """grade(problem, kernel_path, dsl, device_slot) on the real judge, pinned to the slot's GPU; on the CPU
+    at smoke scale (full scale takes minutes per draw on a CPU)."""
     from mkb.judge import grade
-
-    # CPU mode (tests, machines without a GPU) grades at smoke scale: full scale takes minutes per draw on a CPU
-    scale = "smoke" if device == "cpu" else "full"
 
     def run(problem, kernel_path, dsl, device_slot: str = "cpu"):
         pin = {} if device_slot == "cpu" else {"visible_devices": device_slot}
-        return grade(problem, kernel_path, dsl, device=device, settings=settings, scale=scale, **pin)
+        return grade(problem, kernel_path, dsl, device=device.kind, settings=settings, scale=device.scale, **pin)
 
     return run
 
 
-def executor_factory(sandbox: str, image: str, settings: Settings):
-    """A workspace executor per attempt (bubblewrap on this host, or a Docker container); the sandbox
-    hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`."""
-    return lambda workdir: make_executor(sandbox, workdir, settings, image)
-
-__all__ = ["RunRequest", "make_plan", "oracle_problems", "check_stale", "run_model", "drive", "ORACLE"]
+__all__ = ["ORACLE", "RunRequest", "check_stale", "drive", "execute", "judge_grader", "make_plan",
+           "oracle_problems"]

@@ -1,4 +1,5 @@
-"""Attempt functions for the protocol runner: a model through the agent loop, or the `reference` oracle."""
+"""The attempt function every path runs: a fresh workspace and sandbox, the agent loop, the transcript
+written as it happens, and the Outcome; plus the model behind it (a chat model or the `reference` oracle)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mkb.agent.budget import Budget
-from mkb.agent.loop import AttemptResult, run_attempt
-from mkb.agent.model import Model, ScriptedModel, tool_call
+from mkb.agent.executor import Executor, LocalExecutor
+from mkb.agent.loop import run_attempt
+from mkb.agent.model import Model, ModelConfig, ScriptedModel, parse_model_spec, tool_call
 from mkb.agent.prompts import Gpu
 from mkb.agent.workspace import prepare_workspace
-from mkb.protocol.plan import TrialSpec
-from mkb.protocol.runner import AttemptContext, AttemptFn, Outcome
-from mkb.records import Dsl, ProblemInfo
-from mkb.store import Store
+from mkb.environment import Device
+from mkb.protocol.runner import AttemptContext, AttemptFn
+from mkb.records import Dsl, ProblemInfo, TrialSpec
+from mkb.settings import Settings
+from mkb.trial import Outcome, Sink, Transcript
 
 ORACLE = "reference"
 """The built-in offline agent's model name: it submits the shipped validated solutions (an oracle)."""
@@ -55,40 +58,56 @@ def oracle_model(problem: ProblemInfo, dsl: Dsl, solutions_dir: Path) -> Scripte
     ])
 
 
-def outcome(result: AttemptResult) -> Outcome:
-    """The protocol's view of an agent attempt."""
-    final = result.final
-    return Outcome(
-        state=result.state, status=None if result.status is None else str(result.status),
-        speedup=final.speedup if final else None, kernel_ms=final.kernel_ms if final else None,
-        eager_ms=final.eager_ms if final else None, skill_text=result.skill_text,
-        prompt_tokens=result.usage.prompt_tokens, completion_tokens=result.usage.completion_tokens,
-        cost_usd=result.usage.cost_usd, n_submissions=result.n_submissions, n_turns=result.usage.n_turns,
-        wall_s=max(0.0, result.wall_s - result.queue_s), queue_s=result.queue_s,
-        message=f"{result.ending}: {result.message}" if result.message else result.ending)
+def model_config(model: str, base_url: str | None, api_key_env: str | None,
+                 sampling: dict | None) -> ModelConfig | None:
+    """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs."""
+    if model == ORACLE:
+        return None
+    config = parse_model_spec(model, base_url, api_key_env, **(sampling or {}))
+    config.api_key()
+    return config
 
 
-def make_attempt(store: Store, model_name: str, model_for: Callable[[TrialSpec], Model], budget: Budget,
-                 grade_for: Callable[[TrialSpec], Callable], executor_for: Callable[[Path], object],
-                 workspaces: Path, problems_dir: Path, gpu: Gpu) -> AttemptFn:
-    """Wire one attempt: a fresh workspace, the agent loop, submissions and transcript into the store."""
+def model_factory(config: ModelConfig | None, solutions_dir: Path) -> Callable[[TrialSpec], Model]:
+    """A fresh model per attempt: a chat model for config, the oracle for None."""
+    if config is None:
+        return lambda spec: oracle_model(spec.problem, spec.arm.dsl, solutions_dir)
+    from mkb.agent.model import ChatModel
+
+    return lambda spec: ChatModel(config)
+
+
+def gpu_named(device: Device) -> Gpu:
+    """The GPU the instruction names: the judge's first GPU, or the CPU mode."""
+    return Gpu(name=device.name, arch=device.arch)
+
+
+def make_executor(settings: Settings, workspace: Path) -> Executor:
+    """The sandbox of one attempt (settings.sandbox); it hides MKB_HOME, the problem set and the solutions."""
+    if settings.sandbox == "docker":
+        from mkb.agent.docker_executor import DockerExecutor
+
+        return DockerExecutor(workspace, settings.image)
+    return LocalExecutor(workspace, isolate=settings.sandbox == "local",
+                         hide=(settings.home, settings.problems_dir, settings.solutions_path))
+
+
+def make_attempt(sink: Sink, model_name: str, model_for: Callable[[TrialSpec], Model], budget: Budget,
+                 grade_for: Callable[[TrialSpec], Callable], settings: Settings, gpu: Gpu) -> AttemptFn:
+    """Wire one attempt: a fresh workspace, the agent loop, transcript and submissions into the sink."""
 
     def attempt(spec: TrialSpec, ctx: AttemptContext) -> Outcome:
-        workdir = prepare_workspace(spec.problem, spec.arm.dsl,
-                                    workspaces / slug(model_name) / spec.trial_id / ctx.attempt_id, problems_dir)
-        executor = executor_for(workdir)
+        workdir = prepare_workspace(spec.problem, spec.arm.dsl, settings.home / "workspaces" / slug(model_name)
+                                    / spec.trial_id / ctx.attempt_id, settings.problems_dir)
+        executor = make_executor(settings, workdir)
+        transcript = Transcript(sink, ctx.attempt_id)
         try:
-            result = run_attempt(
-                spec.problem, spec.arm.dsl, model_for(spec), executor, budget, grade=grade_for(spec),
-                on_message=ctx.on_message, skill_text=ctx.skill_text, gpu=gpu, problems_dir=problems_dir,
-                cancel=ctx.cancel,
-                on_submission=lambda s: store.add_submission(
-                    ctx.attempt_id, s.n, s.kind, s.record, kernel_source=s.kernel_source,
-                    kernel_sha256=s.kernel_sha256, queue_s=s.queue_s))
+            result = run_attempt(spec.problem, spec.arm.dsl, model_for(spec), executor, budget,
+                                 grade=grade_for(spec), on_message=transcript.message,
+                                 on_submission=transcript.submission, skill_text=ctx.skill_text, gpu=gpu,
+                                 problems_dir=settings.problems_dir, cancel=ctx.cancel)
         finally:
-            close = getattr(executor, "close", None)
-            if close:
-                close()
-        return outcome(result)
+            executor.close()
+        return Outcome.of(result)
 
     return attempt

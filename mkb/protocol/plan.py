@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import json
 from enum import StrEnum
 
-from mkb.records import Arm, ProblemInfo, Record, trial_id
-
-FINISHED_STATES = {"finished", "skipped"}
-"""Trial states that count as done (a skipped skill trial is a result: no SKILL.md to transfer)."""
-RERUN_STATES = {"infra_error", "interrupted", "running"}
-"""States never charged to the model: such trials run again (a 'running' row means its process died)."""
+from mkb.records import Arm, ProblemInfo, Record, Status, TrialSpec
+from mkb.store import Trial
+from mkb.trial import FingerprintParts
 
 
 class Action(StrEnum):
@@ -23,59 +18,16 @@ class Action(StrEnum):
     RUN = "run"
     """Never ran (or waits for a source solo that runs now)."""
     RERUN = "rerun"
-    """Ended in infra_error, was interrupted, or its process died: runs again, not charged."""
+    """Ended in infra_error, was interrupted, or its process died (still running): runs again, not charged."""
     STALE = "stale"
     """Finished with a different fingerprint; blocks the run unless --rerun-stale."""
 
 
-class FingerprintParts(Record):
-    """What a trial's result depends on besides the model (DESIGN §7)."""
-
-    problem: str
-    """sha256 of the problem file."""
-    templates: str
-    """sha256 of the agent's prompt templates."""
-    docs: str
-    """sha256 of the DSL docs given to the agent."""
-    toolchain: dict[str, str]
-    """Toolchain versions (torch, cutlass-dsl, tvm, ...)."""
-    source_skill: str | None = None
-    """sha256 of the transferred skill (skill arms only)."""
-    budget: dict = {}
-    """The attempt budget (wall clock, submissions, caps)."""
-
-
-def fingerprint(parts: FingerprintParts) -> str:
-    """sha256 over the canonical JSON of the parts."""
-    return hashlib.sha256(json.dumps(parts.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-
-
 def stale_reasons(old: dict | None, new: FingerprintParts) -> list[str]:
-    """Which parts changed between a stored fingerprint record and the current one."""
-    if isinstance(old, str):  # DuckDB hands JSON columns back as text
-        old = json.loads(old)
+    """Which parts changed between a stored trial's fingerprint parts and the current ones."""
     if not old:
         return ["no fingerprint stored"]
     return [k for k, v in new.model_dump(mode="json").items() if old.get(k) != v]
-
-
-class TrialSpec(Record):
-    """One trial of the protocol: problem × replicate × arm."""
-
-    problem: ProblemInfo
-    """The problem."""
-    replicate: int
-    """Replicate index k >= 1."""
-    arm: Arm
-    """The arm."""
-
-    @property
-    def trial_id(self) -> str:
-        return trial_id(self.problem.id, self.replicate, self.arm)
-
-    @property
-    def source_trial_id(self) -> str | None:
-        return None if self.arm.source is None else trial_id(self.problem.id, self.replicate, self.arm.source)
 
 
 class PlanItem(Record):
@@ -104,8 +56,8 @@ def expand(problems: list[ProblemInfo], arms: list[Arm], replicates: int, trial_
     return specs
 
 
-def plan(specs: list[TrialSpec], stored: dict[str, dict], current: dict[str, FingerprintParts]) -> list[PlanItem]:
-    """Decide each trial's action from its stored row (trial_id -> row with 'state', 'fingerprint_parts').
+def plan(specs: list[TrialSpec], stored: dict[str, Trial], current: dict[str, FingerprintParts]) -> list[PlanItem]:
+    """Decide each trial's action from its stored row (trial_id -> Trial) and its current fingerprint parts.
 
     A skill trial whose source solo runs now also runs (its input changes); otherwise it is compared
     like any other trial, with the source's stored skill hash in its fingerprint.
@@ -116,15 +68,15 @@ def plan(specs: list[TrialSpec], stored: dict[str, dict], current: dict[str, Fin
         source_item = items.get(spec.source_trial_id) if spec.source_trial_id else None
         if row is None:
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.RUN, reason="never ran")
-        elif row.get("state") in RERUN_STATES or row.get("status") == "infra_error":
-            ended = "with an infra_error grading" if row.get("state") not in RERUN_STATES else row.get("state")
+        elif not row.state.is_done or row.status == Status.INFRA_ERROR:
+            ended = row.state if not row.state.is_done else "with an infra_error grading"
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.RERUN, reason=f"last ended {ended}")
         elif source_item is not None and source_item.action in (Action.RUN, Action.RERUN):
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.RUN, reason="its source solo runs now")
         elif source_item is not None and source_item.action == Action.STALE:
             items[spec.trial_id] = PlanItem(spec=spec, action=Action.STALE, reason="its source solo is stale")
         else:
-            changed = stale_reasons(row.get("fingerprint_parts"), current[spec.trial_id])
+            changed = stale_reasons(row.fingerprint_parts, current[spec.trial_id])
             items[spec.trial_id] = (PlanItem(spec=spec, action=Action.REUSE) if not changed else
                                     PlanItem(spec=spec, action=Action.STALE, reason=f"changed: {', '.join(changed)}"))
     return [items[s.trial_id] for s in specs]

@@ -1,8 +1,9 @@
 """The channel from attempt tasks to the driver, the only writer of the database (DESIGN §8).
 
-An attempt task calls an Outbox where it would call the Store. Each call waits in the Inbox actor
-until the driver's Drainer thread has written it and acknowledged it. A killed process therefore
-loses at most the call in flight, and the database contract is the same as on one host.
+An attempt task adds its transcript rows (mkb.trial.Transcript) to an Outbox where it would add them to
+the Store. Each row waits in the Inbox actor until the driver's Drainer thread has written it and
+acknowledged it. A killed process therefore loses at most the row in flight, and the database contract
+is the same as on one host.
 """
 
 from __future__ import annotations
@@ -11,37 +12,37 @@ import asyncio
 import logging
 import threading
 
-from mkb.store import Store
+from mkb.store import Message, Row, Store, StoredSubmission
 
 log = logging.getLogger(__name__)
 
-STORE_CALLS = ("add_message", "add_submission")
-"""The store methods an attempt task may call through the inbox."""
+TRANSCRIPT_ROWS = (Message, StoredSubmission)
+"""The rows an attempt task may add through the inbox (the driver writes every other row itself)."""
 
 
 class Inbox:
-    """Store calls from attempt tasks, held until the driver has written them (an async actor)."""
+    """Transcript rows from attempt tasks, held until the driver has written them (an async actor)."""
 
     def __init__(self):
-        self._items: list[tuple[int, tuple]] = []
+        self._items: list[tuple[int, object]] = []
         self._waiters: dict[int, asyncio.Future] = {}
         self._new = asyncio.Event()
         self._next = 0
         self.cancelled = False
 
-    async def put(self, call: tuple) -> bool:
-        """Queue (method, args, kwargs); returns once written, with whether the run is cancelled."""
+    async def put(self, row) -> bool:
+        """Queue a row; returns once written, with whether the run is cancelled."""
         key, self._next = self._next, self._next + 1
         self._waiters[key] = asyncio.get_running_loop().create_future()
-        self._items.append((key, call))
+        self._items.append((key, row))
         self._new.set()
         error = await self._waiters[key]
         if error:
-            raise RuntimeError(f"the driver could not record {call[0]}: {error}")
+            raise RuntimeError(f"the driver could not record a {type(row).__name__} row: {error}")
         return self.cancelled
 
-    async def take(self, timeout_s: float) -> list[tuple[int, tuple]]:
-        """The queued calls, waiting up to timeout_s for one."""
+    async def take(self, timeout_s: float) -> list[tuple[int, object]]:
+        """The queued rows, waiting up to timeout_s for one."""
         if not self._items:
             self._new.clear()
             try:
@@ -52,7 +53,7 @@ class Inbox:
         return items
 
     async def ack(self, done: dict[int, str | None]) -> None:
-        """Release the callers of written calls (an error text makes their put raise)."""
+        """Release the callers of written rows (an error text makes their put raise)."""
         for key, error in done.items():
             waiter = self._waiters.pop(key, None)
             if waiter is not None and not waiter.done():
@@ -64,26 +65,20 @@ class Inbox:
 
 
 class Outbox:
-    """The store calls of one attempt task, sent to the driver; each returns once written there."""
+    """The transcript sink of one attempt task: each row is sent to the driver and returns once written there."""
 
     def __init__(self, inbox, cancel: threading.Event):
         self.inbox, self.cancel = inbox, cancel
 
-    def _send(self, name: str, *args, **kwargs) -> None:
+    def add(self, row: Row) -> None:
         import ray
 
-        if ray.get(self.inbox.put.remote((name, args, kwargs))):
+        if ray.get(self.inbox.put.remote(row)):
             self.cancel.set()
-
-    def add_message(self, attempt_id: str, seq: int, message: dict) -> None:
-        self._send("add_message", attempt_id, seq, message)
-
-    def add_submission(self, attempt_id: str, n: int, kind: str, record, **fields) -> None:
-        self._send("add_submission", attempt_id, n, kind, record, **fields)
 
 
 class Drainer(threading.Thread):
-    """Writes the inbox's store calls into the store (the single writer) and passes Ctrl-C on."""
+    """Writes the inbox's rows into the store (the single writer) and passes Ctrl-C on."""
 
     def __init__(self, ray, inbox, store: Store, cancel: threading.Event):
         super().__init__(name="ray-inbox", daemon=True)
@@ -102,16 +97,15 @@ class Drainer(threading.Thread):
                 log.exception("the Ray inbox was lost; running attempts end as infra errors")
                 return
             if batch:
-                self.inbox.ack.remote({key: self._write(call) for key, call in batch})
+                self.inbox.ack.remote({key: self._write(row) for key, row in batch})
 
-    def _write(self, call: tuple) -> str | None:
-        name, args, kwargs = call
-        if name not in STORE_CALLS:
-            return f"{name} is not a store call attempts may make"
+    def _write(self, row) -> str | None:
+        if not isinstance(row, TRANSCRIPT_ROWS):
+            return f"{type(row).__name__} is not a row attempts may add"
         try:
-            getattr(self.store, name)(*args, **kwargs)
+            self.store.add(row)
         except Exception as exc:
-            log.exception("could not record %s", name)
+            log.exception("could not record a %s row", type(row).__name__)
             return f"{type(exc).__name__}: {exc}"
         return None
 

@@ -1,9 +1,9 @@
 """Scale-out on Ray: attempts as Ray tasks, judge evaluations on one-GPU actors, the driver the only writer.
 
-The driver plans from the store and runs the same ProtocolRun as the local executor. Each attempt is a
-Ray task (CPU) running make_attempt on whichever node Ray picks. Its store calls reach the driver through
-ray_channel, and its gradings go to ray_judges. A lost worker or node ends its attempt as an infra_error,
-which the next run reruns without charge (docs/ray.md).
+The driver plans from the store and runs the same ProtocolRun and writer (mkb.trial) as the local executor.
+Each attempt is a Ray task (CPU) running make_attempt on whichever node Ray picks. Its transcript rows reach
+the driver through ray_channel, and its gradings go to ray_judges. A lost worker or node ends its attempt as an
+infra_error, which the next run reruns without charge (docs/ray.md).
 """
 
 from __future__ import annotations
@@ -19,19 +19,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mkb import environment
 from mkb.agent.budget import Budget
 from mkb.agent.prompts import Gpu
+from mkb.environment import Device, device_kind
 from mkb.errors import MkbError
-from mkb.protocol import RunRequest, current_parts, drive, executor_factory, judge_grader
-from mkb.protocol.attempts import ORACLE, make_attempt, oracle_model
-from mkb.protocol.plan import PlanItem, TrialSpec
+from mkb.protocol import RunRequest, drive, judge_grader
+from mkb.protocol.attempts import gpu_named, make_attempt, model_config, model_factory
+from mkb.protocol.plan import PlanItem
 from mkb.protocol.ray_channel import Drainer, Inbox, Outbox
 from mkb.protocol.ray_judges import Judges
-from mkb.protocol.runner import AttemptContext, AttemptFn, Outcome, Progress
-from mkb.records import JudgeRecord
+from mkb.protocol.runner import AttemptContext, AttemptFn, Progress
+from mkb.records import JudgeRecord, State, TrialSpec
 from mkb.settings import Settings
 from mkb.store import Store
+from mkb.trial import Outcome, fingerprint_parts, start_run
 
 
 @dataclass(frozen=True)
@@ -96,22 +97,13 @@ class AttemptJob:
     config: Any
     """The ModelConfig (None for the `reference` oracle)."""
     budget: Budget
-    sandbox: str
-    image: str
     gpu: Gpu
-
-    def model_for(self, spec: TrialSpec):
-        if self.config is None:
-            return oracle_model(spec.problem, spec.arm.dsl, self.settings.solutions_path)
-        from mkb.agent.model import ChatModel
-
-        return ChatModel(self.config)
 
 
 def install_differences(job: AttemptJob, spec: TrialSpec, expected: dict) -> list[str]:
     """Fingerprint parts that differ between this node's install and the driver's (problem, prompts, docs,
     toolchain): a trial run against other files than its fingerprint says would be a wrong result."""
-    here = current_parts(job.settings, spec, None, job.budget).model_dump(mode="json")
+    here = fingerprint_parts(job.settings, spec, job.budget, None).model_dump(mode="json")
     problem = Path(spec.problem.path)
     here["problem"] = hashlib.sha256(problem.read_bytes()).hexdigest() if problem.is_file() else "missing"
     return [k for k in ("problem", "templates", "docs", "toolchain") if here[k] != expected[k]]
@@ -124,7 +116,7 @@ def attempt_task(job: AttemptJob, spec: TrialSpec, attempt_id: str, skill_text: 
 
     differs = install_differences(job, spec, expected)
     if differs:
-        return Outcome(state="infra_error", message=f"node {socket.gethostname()} differs from the driver in "
+        return Outcome(state=State.INFRA_ERROR, message=f"node {socket.gethostname()} differs from the driver in "
                        f"{', '.join(differs)}: run the driver and every Ray node from the same mkb image")
     cancel = threading.Event()
     outbox = Outbox(inbox, cancel)
@@ -133,11 +125,9 @@ def attempt_task(job: AttemptJob, spec: TrialSpec, attempt_id: str, skill_text: 
         return lambda kernel_path: ray.get(judges.grade.remote(
             spec.problem, Path(kernel_path).read_text(encoding="utf-8", errors="replace"), spec.arm.dsl))
 
-    attempt = make_attempt(outbox, job.model, job.model_for, job.budget, grade_for,
-                           executor_factory(job.sandbox, job.image, job.settings), job.settings.home / "workspaces",
-                           job.settings.problems_dir, job.gpu)
-    ctx = AttemptContext(attempt_id, skill_text, lambda seq, m: outbox.add_message(attempt_id, seq, m), cancel)
-    return attempt(spec, ctx)
+    attempt = make_attempt(outbox, job.model, model_factory(job.config, job.settings.solutions_path), job.budget,
+                           grade_for, job.settings, job.gpu)
+    return attempt(spec, AttemptContext(attempt_id, skill_text, cancel))
 
 
 # -- the driver side ------------------------------------------------------------------------------
@@ -151,7 +141,7 @@ def remote_attempt(ray, job: AttemptJob, inbox, judge_queue, options: RayOptions
                  **({"runtime_env": {"env_vars": env_vars}} if env_vars else {})}
 
     def attempt(spec: TrialSpec, ctx: AttemptContext) -> Outcome:
-        expected = current_parts(job.settings, spec, None, job.budget).model_dump(mode="json")
+        expected = fingerprint_parts(job.settings, spec, job.budget, None).model_dump(mode="json")
         ref = task.options(name=f"attempt:{spec.trial_id}", **resources).remote(
             job_ref, spec, ctx.attempt_id, ctx.skill_text, expected, inbox, judge_queue)
         deadline = None
@@ -160,72 +150,62 @@ def remote_attempt(ray, job: AttemptJob, inbox, judge_queue, options: RayOptions
                 deadline = deadline or time.monotonic() + options.grace_s
                 if time.monotonic() > deadline:
                     ray.cancel(ref, force=True)
-                    return Outcome(state="interrupted", message=f"cancelled; the attempt's Ray task was killed "
+                    return Outcome(state=State.INTERRUPTED, message=f"cancelled; the attempt's Ray task was killed "
                                                                 f"after {options.grace_s:.0f} s")
         try:
             return ray.get(ref)
         except ray.exceptions.RayTaskError as exc:  # the attempt code raised: recorded like a local crash
             raise exc.as_instanceof_cause() from None
         except ray.exceptions.TaskCancelledError:
-            return Outcome(state="interrupted", message="cancelled; the attempt's Ray task was killed")
+            return Outcome(state=State.INTERRUPTED, message="cancelled; the attempt's Ray task was killed")
         except ray.exceptions.RayError as exc:
-            return Outcome(state="infra_error", message=f"the Ray worker running the attempt was lost "
+            return Outcome(state=State.INFRA_ERROR, message=f"the Ray worker running the attempt was lost "
                                                         f"({type(exc).__name__}); rerun next time, not charged")
 
     return attempt
 
 
-def _model_access(request: RunRequest) -> tuple[Any, dict, dict[str, str]]:
-    """ModelConfig (None for the oracle), the run's provider columns, and the key to forward to workers."""
-    if request.model == ORACLE:
-        return None, {"provider": "oracle", "is_oracle": True}, {}
-    from mkb.agent.model import parse_model_spec
-
-    config = parse_model_spec(request.model, request.base_url, request.api_key_env, **(request.sampling or {}))
-    key = config.api_key()  # a missing key fails here, in one line, before anything runs
-    provider = {"provider": config.provider, "base_url": config.base_url, "api_key_env": config.api_key_env,
-                "params": config.model_dump(mode="json", exclude={"api_key_env"})}
-    # Workers on other nodes lack the driver's environment: the key travels with the tasks, never stored.
-    return config, provider, {config.api_key_env: key} if config.api_key_env and key else {}
-
-
-def judge_device(ray, device: str) -> str:
-    """auto/cuda/cpu resolved against the cluster's GPUs (not this host's)."""
-    n_gpus = int(ray.cluster_resources().get("GPU", 0))
-    if device == "cuda" and not n_gpus:
-        raise MkbError("--device cuda but the Ray cluster has no GPU. Start GPU workers "
-                       "('ray start --address HEAD:6379 --num-gpus N'), or use --device cpu.")
-    return device if device != "auto" else "cuda" if n_gpus else "cpu"
+def _forwarded_key(config) -> dict[str, str]:
+    """The API key to hand to attempt tasks: workers on other nodes lack the driver's environment.
+    It travels with the tasks, never stored."""
+    if config is None or not config.api_key_env:
+        return {}
+    key = config.api_key()
+    return {config.api_key_env: key} if key else {}
 
 
 def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: list[PlanItem],
-                  options: RayOptions = RayOptions(), device: str = "auto",
-                  grade: Callable[..., JudgeRecord] | None = None,
+                  options: RayOptions = RayOptions(), grade: Callable[..., JudgeRecord] | None = None,
                   on_event: Callable[[str, TrialSpec, Progress], None] | None = None,
-                  on_pool: Callable[[Judges], None] | None = None) -> Progress:
-    """protocol.run_model on a Ray cluster; `grade` defaults to the real judge on the resolved device.
+                  on_pool: Callable[[Judges], None] | None = None,
+                  given_skills: dict[str, str] | None = None) -> Progress:
+    """protocol.execute on a Ray cluster; `grade` defaults to the real judge on the cluster's device.
 
-    Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
+    settings.device is resolved against the cluster's GPUs (not this host's). Every trial ends recorded,
+    however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
     """
     ray = connect(options)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    device = judge_device(ray, device)
-    config, provider, env_vars = _model_access(request)
+    n_gpus = int(ray.cluster_resources().get("GPU", 0))
+    kind = device_kind(settings.device, n_gpus, "in the Ray cluster (start GPU workers with "
+                                                "'ray start --address HEAD:6379 --num-gpus N')")
+    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    n_judges = options.n_judges or (int(ray.cluster_resources().get("GPU", 0)) if device == "cuda" else 1)
-    with Judges(ray, grade or judge_grader(settings, device), device, n_judges, settings.judge_timeout_s * 2 + 60,
-                options.start_timeout_s, here) as judges:
+    n_judges = options.n_judges or (n_gpus if kind == "cuda" else 1)
+    grade = grade or judge_grader(settings, Device(kind=kind, arch=settings.arch))  # the worker pins its GPU
+    with Judges(ray, grade, kind, n_judges, settings.judge_timeout_s * 2 + 60, options.start_timeout_s,
+                here) as judges:
         if on_pool:
             on_pool(judges)
         gpus = judges.gpus
-        job = AttemptJob(settings, request.model, config, request.budget, request.sandbox, request.image,
-                         Gpu(name=gpus[0]["name"], arch=gpus[0]["arch"]) if gpus else Gpu())
-        run_id, facts = uuid.uuid4().hex, environment.describe(with_gpu=False)
-        store.start_run(run_id, request.model, versions=facts["versions"], git_commit=facts["git_commit"],
-                        host=facts["host"], gpus=gpus, command="run-model", **provider)
+        device = Device(kind=kind, gpus=gpus, arch=gpus[0]["arch"] if gpus else settings.arch)
+        job = AttemptJob(settings, request.model, config, request.budget, gpu_named(device))
+        run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings,
+                           device=device, command=request.command)
         inbox = ray.remote(Inbox).options(num_cpus=0, scheduling_strategy=here).remote()
-        attempt = remote_attempt(ray, job, inbox, judges.queue, options, env_vars)
+        attempt = remote_attempt(ray, job, inbox, judges.queue, options, _forwarded_key(config))
+
         @contextmanager
         def draining(runner):
             drainer = Drainer(ray, inbox, store, runner.cancel)
@@ -236,6 +216,7 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
                 drainer.stop()
 
         try:
-            return drive(settings, store, request, items, run_id, attempt, on_event, around=draining)
+            return drive(settings, store, request, items, run_id, attempt, on_event, around=draining,
+                         given_skills=given_skills)
         finally:
             ray.kill(inbox)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mkb.agent.prompts import toolchain_versions
+from mkb.environment import toolchain_versions
 from mkb.errors import MkbError
 from mkb.protocol.pool import Graded
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status

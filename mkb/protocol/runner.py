@@ -1,54 +1,23 @@
-"""Running a planned protocol: concurrent attempts, skill transfer, every outcome recorded."""
+"""Running a planned protocol: concurrent attempts, skill transfer, every outcome recorded (mkb.trial writes)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any
 
-from mkb.protocol.plan import Action, FingerprintParts, PlanItem, TrialSpec, fingerprint
-from mkb.records import Record
-from mkb.store import Store, now
+from mkb.protocol.plan import Action, PlanItem
+from mkb.records import State, Status, TrialSpec
+from mkb.store import Store
+from mkb.trial import FingerprintParts, Outcome, Recorder
 
 log = logging.getLogger(__name__)
 
-
-class Outcome(Record):
-    """How one attempt ended, as the protocol records it."""
-
-    state: str
-    """finished, infra_error, interrupted or skipped."""
-    status: str | None = None
-    """Judge status of the final grading (None unless graded)."""
-    speedup: float | None = None
-    """Final speedup when passed."""
-    kernel_ms: float | None = None
-    """Final kernel time when passed."""
-    eager_ms: float | None = None
-    """Eager reference time of the final grading."""
-    skill_text: str | None = None
-    """SKILL.md as the attempt left it (solo arms)."""
-    prompt_tokens: int = 0
-    """Tokens sent to the model."""
-    completion_tokens: int = 0
-    """Tokens received from the model."""
-    cost_usd: float | None = None
-    """Provider cost when known."""
-    n_submissions: int = 0
-    """Feedback submissions used."""
-    n_turns: int = 0
-    """Model turns."""
-    wall_s: float = 0.0
-    """Attempt wall clock, queue time excluded."""
-    queue_s: float = 0.0
-    """Time spent waiting for a judge worker."""
-    message: str = ""
-    """Why it ended this way."""
+NO_SKILL = "the source solo left no SKILL.md"
 
 
 @dataclass
@@ -57,7 +26,6 @@ class AttemptContext:
 
     attempt_id: str
     skill_text: str | None
-    on_message: Callable[[int, dict], None]
     cancel: threading.Event
 
 
@@ -77,102 +45,99 @@ class Progress:
     completion_tokens: int = 0
     cost_usd: float = 0.0
 
+    def count(self, outcome: Outcome) -> None:
+        """One trial ended."""
+        self.done += 1
+        self.passed += outcome.status == Status.PASSED
+        self.by_state[outcome.state] = self.by_state.get(outcome.state, 0) + 1
+        self.prompt_tokens += outcome.usage.prompt_tokens
+        self.completion_tokens += outcome.usage.completion_tokens
+        self.cost_usd += outcome.usage.cost_usd or 0.0
+
 
 class ProtocolRun:
-    """Executes plan items for one model, writing each trial's attempt, transcript, skill and outcome."""
+    """Executes plan items for one model; a skill trial starts once its source solo has finished.
 
-    def __init__(self, store: Store, model: str, run_id: str, attempt: AttemptFn,
+    given_skills maps trial ids to a skill text given from outside (`mkb attempt --skill`), used
+    instead of the source solo's stored skill.
+    """
+
+    def __init__(self, store: Store, recorder: Recorder, attempt: AttemptFn,
                  parts: Callable[[TrialSpec, str | None], FingerprintParts], concurrency: int = 4,
-                 on_event: Callable[[str, TrialSpec, Progress], None] | None = None):
-        self.store, self.model, self.run_id = store, model, run_id
-        self.attempt, self.parts = attempt, parts
+                 on_event: Callable[[str, TrialSpec, Progress], None] | None = None,
+                 given_skills: dict[str, str] | None = None):
+        self.store, self.recorder, self.attempt, self.parts = store, recorder, attempt, parts
         self.concurrency = max(1, concurrency)
         self.on_event = on_event or (lambda *a: None)
+        self.given_skills = given_skills or {}
         self.cancel = threading.Event()
         self.progress = Progress(total=0)
 
     def run(self, items: list[PlanItem]) -> Progress:
-        """Run every item whose action is run/rerun; skill trials start when their source solo ends."""
+        """Run every item whose action is run/rerun; skill trials start when their source solo ends finished."""
         todo = [i.spec for i in items if i.action in (Action.RUN, Action.RERUN)]
         self.progress = Progress(total=len(todo))
         waiting = {s.trial_id: s for s in todo if s.source_trial_id in {t.trial_id for t in todo}}
-        ready = [s for s in todo if s.trial_id not in waiting]
         running: dict[Future, TrialSpec] = {}
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="attempt") as pool:
             try:
-                for spec in ready:
+                for spec in [s for s in todo if s.trial_id not in waiting]:
                     running[pool.submit(self._run_trial, spec)] = spec
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        spec = running.pop(fut)
-                        fut.result()
+                        spec, state = running.pop(fut), fut.result()
                         for child in [w for w in waiting.values() if w.source_trial_id == spec.trial_id]:
                             del waiting[child.trial_id]
-                            if not self.cancel.is_set():
+                            if state == State.FINISHED and not self.cancel.is_set():
                                 running[pool.submit(self._run_trial, child)] = child
+                            elif state is not None:
+                                self._hold(child, spec.trial_id, state)
             except BaseException:
                 self.cancel.set()
                 raise
         return self.progress
 
-    def _source_skill(self, spec: TrialSpec) -> dict | None:
-        return self.store.skill(self.model, spec.source_trial_id) if spec.source_trial_id else None
+    def _hold(self, child: TrialSpec, source: str, state: State) -> None:
+        """A skill trial whose source did not finish waits for the next run (its stored skill may be stale)."""
+        log.warning("%s not run: its source %s ended %s; the next run reruns both", child.trial_id, source, state)
+        self.progress.total -= 1
 
-    def _run_trial(self, spec: TrialSpec) -> None:
+    def _skill(self, spec: TrialSpec) -> tuple[str | None, str | None]:
+        """The skill text this trial gets and the trial it came from (None when given from outside)."""
+        if spec.trial_id in self.given_skills:
+            return self.given_skills[spec.trial_id], None
+        if not spec.arm.is_skill:
+            return None, None
+        stored = self.store.skill(self.recorder.model, spec.source_trial_id)
+        return (stored.text if stored else None), spec.source_trial_id
+
+    def _run_trial(self, spec: TrialSpec) -> State | None:
         if self.cancel.is_set():
-            return
-        skill = self._source_skill(spec)
-        skill_sha = skill["sha256"] if skill else None
-        parts = self.parts(spec, skill_sha)
-        base = {"run_id": self.run_id, "problem_id": spec.problem.id, "replicate": spec.replicate,
-                "arm": str(spec.arm), "dsl": str(spec.arm.dsl), "source_trial_id": spec.source_trial_id,
-                "fingerprint": fingerprint(parts), "fingerprint_parts": parts.model_dump(mode="json"),
-                "skill_sha256": skill_sha}
-        if spec.arm.is_skill and (skill is None or not skill["text"].strip()):
-            self._record(spec, base, None, Outcome(state="skipped", message="the source solo left no SKILL.md"))
-            return
-        attempt_id = uuid.uuid4().hex
-        self.store.start_attempt(attempt_id, self.model, spec.trial_id, run_id=self.run_id,
-                                 fingerprint=base["fingerprint"])
-        self.store.upsert_trial(self.model, spec.trial_id, attempt_id=attempt_id, state="running",
-                                started_at=now(), **base)
+            return None
+        text, source = self._skill(spec)
+        parts = self.parts(spec, hashlib.sha256(text.encode()).hexdigest() if text is not None else None)
+        if spec.arm.is_skill and not (text or "").strip():
+            self.recorder.skip(spec, parts, source, NO_SKILL)
+            return self._ended(spec, Outcome(state=State.SKIPPED, message=NO_SKILL))
+        recording = self.recorder.begin(spec, parts, source)
         self.progress.running[spec.trial_id] = time.monotonic()
         self.on_event("start", spec, self.progress)
-        ctx = AttemptContext(attempt_id, skill["text"] if skill else None,
-                             lambda seq, m: self.store.add_message(attempt_id, seq, m), self.cancel)
-        outcome = Outcome(state="interrupted", message="the attempt did not finish")
+        outcome = Outcome(state=State.INTERRUPTED, message="the attempt did not finish")
         try:
-            outcome = self.attempt(spec, ctx)
+            outcome = self.attempt(spec, AttemptContext(recording.attempt.attempt_id, text, self.cancel))
         except Exception as exc:  # one crashing attempt never stops the run: it is an infra error
             log.exception("attempt %s crashed", spec.trial_id)
-            outcome = Outcome(state="infra_error", message=f"{type(exc).__name__}: {exc}")
+            outcome = Outcome(state=State.INFRA_ERROR, message=f"{type(exc).__name__}: {exc}")
         finally:
-            if self.cancel.is_set() and outcome.state == "finished" and outcome.status is None:
-                outcome = outcome.model_copy(update={"state": "interrupted"})
-            self._record(spec, base, attempt_id, outcome)
+            if self.cancel.is_set() and outcome.state == State.FINISHED and outcome.status is None:
+                outcome = outcome.model_copy(update={"state": State.INTERRUPTED})
+            self.recorder.end(recording, outcome)
+            self._ended(spec, outcome)
+        return outcome.state
 
-    def _record(self, spec: TrialSpec, base: dict[str, Any], attempt_id: str | None, outcome: Outcome) -> None:
-        if attempt_id is not None:
-            self.store.finish_attempt(attempt_id, outcome.state, outcome.status, message=outcome.message,
-                                      usage={"prompt_tokens": outcome.prompt_tokens,
-                                             "completion_tokens": outcome.completion_tokens,
-                                             "cost_usd": outcome.cost_usd})
-        if outcome.skill_text is not None and not spec.arm.is_skill and outcome.state == "finished":
-            self.store.put_skill(self.model, spec.trial_id, attempt_id, outcome.skill_text)
-        self.store.upsert_trial(
-            self.model, spec.trial_id, attempt_id=attempt_id, state=outcome.state, status=outcome.status,
-            speedup=outcome.speedup, kernel_ms=outcome.kernel_ms, eager_ms=outcome.eager_ms,
-            finished_at=now(), wall_s=outcome.wall_s, queue_s=outcome.queue_s,
-            n_submissions=outcome.n_submissions, n_turns=outcome.n_turns, prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens, cost_usd=outcome.cost_usd, message=outcome.message,
-            **base)
-        p = self.progress
-        p.running.pop(spec.trial_id, None)
-        p.done += 1
-        p.passed += outcome.status == "passed"
-        p.by_state[outcome.state] = p.by_state.get(outcome.state, 0) + 1
-        p.prompt_tokens += outcome.prompt_tokens
-        p.completion_tokens += outcome.completion_tokens
-        p.cost_usd += outcome.cost_usd or 0.0
-        self.on_event("end", spec, p)
+    def _ended(self, spec: TrialSpec, outcome: Outcome) -> State:
+        self.progress.running.pop(spec.trial_id, None)
+        self.progress.count(outcome)
+        self.on_event("end", spec, self.progress)
+        return outcome.state

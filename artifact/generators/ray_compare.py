@@ -1,6 +1,6 @@
 """Compare a `reference` run on the Ray executor with the local executor's run of the same trials.
 
-    python scripts/ray_compare.py LOCAL.duckdb RAY.duckdb [--model reference] > ray_vs_local.json
+    python artifact/generators/ray_compare.py LOCAL.duckdb RAY.duckdb [--model reference] > ray_vs_local.json
 
 For every finished trial of RAY.duckdb it prints the status and speedup in both databases and whether
 they agree. Statuses must be identical. Speedups agree when their relative difference is at most the

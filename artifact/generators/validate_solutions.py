@@ -14,8 +14,8 @@ JudgeRecord (status, message, draws, kernel_ms, eager_ms, speedup, dsl_check, de
   device, versions, graded_at
 
 A device call is limited to 10 minutes, so grade in slices and merge:
-  python scripts/validate_solutions.py --problems p28,p25,p19 --merge
-  python scripts/validate_solutions.py --problems p01,p14 --merge   ...
+  python artifact/generators/validate_solutions.py --problems p28,p25,p19 --merge
+  python artifact/generators/validate_solutions.py --problems p01,p14 --merge   ...
 ``--dry-run`` lists what would be graded.  Needs a GPU for meaningful records (``--device cpu``
 grades structure/correctness at the chosen scale without timings).
 """
@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SOLUTIONS = ROOT / "problems" / "solutions"
@@ -49,32 +47,6 @@ CEILINGS = {
 def sol_ms(info, ceilings=CEILINGS) -> float:
     rate = ceilings["flops_per_s"].get(info.dtype, ceilings["flops_per_s"]["bf16"])
     return max(info.sol_flops / rate, info.sol_bytes / ceilings["hbm_bytes_per_s"]) * 1e3
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for mod in ("torch", "cutlass", "tvm", "tvm_ffi"):
-        try:
-            out[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            out[mod] = None
-    try:
-        import torch
-        out["cuda_runtime"] = torch.version.cuda
-        if torch.cuda.is_available():
-            out["device_name"] = torch.cuda.get_device_name()
-            out["capability"] = "sm_%d%d" % torch.cuda.get_device_capability()
-    except Exception:  # noqa: BLE001
-        pass
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=20)
-        if smi.returncode == 0:
-            name, driver = [s.strip() for s in smi.stdout.splitlines()[0].split(",")]
-            out["gpu"], out["driver"] = name, driver
-    except Exception:  # noqa: BLE001
-        pass
-    return out
 
 
 def markdown_table(records: list[dict]) -> str:
@@ -103,7 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", default="", help="comma list such as p28,p25 (default: every shipped solution)")
     ap.add_argument("--dsl", default="cutedsl,tirx")
-    ap.add_argument("--device", default="cuda", help="cuda (default), cpu or auto")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cuda (default) or cpu")
     ap.add_argument("--timing", default="paper", choices=("paper", "flushed"))
     ap.add_argument("--scale", default="full", choices=("full", "smoke"))
     ap.add_argument("--timeout", type=float, default=None, help="judge timeout per variant (s)")
@@ -132,9 +104,10 @@ def main() -> int:
             print(pid, dsl, path.relative_to(ROOT), "OK" if pid in infos else "NO PROBLEM FILE")
         return 0
 
+    from mkb.environment import describe
     from mkb.judge import grade
 
-    env = versions()
+    env = describe(with_gpu=True)  # where the gradings ran: host, versions, GPUs, CUDA, driver
     out_path = Path(args.out)
     records = json.loads(out_path.read_text()) if (args.merge and out_path.exists()) else []
     failures = 0
@@ -153,7 +126,7 @@ def main() -> int:
                    eager_ms=rec.eager_ms, sol_ms=sol_ms(info), problem_dtype=info.dtype,
                    sol_flops=info.sol_flops, sol_bytes=info.sol_bytes,
                    sol_fraction=(sol_ms(info) / rec.kernel_ms) if rec.kernel_ms else None,
-                   ceilings=CEILINGS, device=env.get("gpu") or env.get("device_name") or rec.device,
+                   ceilings=CEILINGS, device=env["gpus"][0]["name"] if env["gpus"] else rec.device,
                    versions=env, graded_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                    kernel_file=str(path.relative_to(ROOT)))
         records = [r for r in records if not (r.get("problem") == pid and r.get("dsl") == dsl)] + [row]

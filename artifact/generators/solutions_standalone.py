@@ -17,7 +17,7 @@ Two modes:
   of --reps after warm-up, same inputs).
 
 Writes a JSON summary (a list of records) to --out.  This is a development tool; the judge records
-that count are produced by scripts/validate_solutions.py through mkb.judge.
+that count are produced by artifact/generators/validate_solutions.py through mkb.judge.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import time
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOLUTIONS = Path(os.environ.get("MKB_SOLUTIONS_DIR", ROOT / "problems" / "solutions"))
+ROOT = Path(__file__).resolve().parents[2]
+SOLUTIONS = ROOT / "problems" / "solutions"
 DEVICE = os.environ.get("MKB_CHECK_DEVICE", "cuda")    # "cpu" only to test this harness with torch-only stand-ins
 SCALE = os.environ.get("MKB_CHECK_SCALE", "full")
 DSLS = ("cutedsl", "tirx")

@@ -1,6 +1,6 @@
 """Turn `mkb problems check --scale full --device cuda --json` output into problems/eager_h200.json.
 
-Usage: python scripts/eager_table.py QA_JSON|DB.duckdb OUT_JSON
+Usage: python artifact/generators/eager_table.py QA_JSON|DB.duckdb OUT_JSON
 
 QA_JSON is that command's output; a DuckDB file (e.g. the one `mkb reproduce` wrote on the GPU) gives
 its latest full-scale CUDA check of each problem instead.
@@ -15,7 +15,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mkb import environment  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Refresh artifact/expected/tables from the shipped results database, the way `make reproduce` reads it.
 
-    python scripts/expected_tables.py
+    python artifact/generators/expected_tables.py
 
 Run after replacing artifact/results/mkb-h200.duckdb (from `scripts/gpu_session.sh reference`); the CPU
 form of `make reproduce` then regenerates these tables from that database and compares them byte for byte.
@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from mkb.reproduce import EXPECTED_TABLES, SHIPPED_DB, _report_step  # noqa: E402
 
 

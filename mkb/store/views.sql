@@ -3,6 +3,9 @@
 -- in each trial and how trials pair into cells); metric parameters and formulas (clip bounds,
 -- thresholds, delta) live once in mkb/analysis/params.py and metrics.py.
 -- Statements are separated by ";" + newline (Store splits on it): keep comments inside them.
+-- States, statuses and arms are written as placeholders such as {state.FINISHED}, {status.PASSED} and
+-- {arm.SOLO_TIRX}: the Store fills in the members of mkb.records.State, Status and Arm, so a renamed
+-- member fails at open instead of leaving a stale literal here.
 
 -- One row per model: whether it is an oracle (the built-in `reference` agent or a run
 -- flagged is_oracle), and the label every table and figure shows for it.
@@ -27,12 +30,12 @@ GROUP BY model;
 CREATE OR REPLACE VIEW trial_outcomes AS
 SELECT t.model, m.is_oracle, m.label AS model_label, t.trial_id, t.run_id, t.problem_id,
        coalesce(p.family, 'unknown') AS family, t.replicate, t.arm, t.dsl, t.state, t.status,
-       (t.state = 'finished' AND coalesce(t.status, '') <> 'infra_error')
-           OR (t.state = 'skipped' AND ends_with(t.arm, '_skill')) AS counted,
-       t.state = 'finished' AND coalesce(t.status, '') <> 'infra_error' AS attempted,
-       t.state = 'skipped' AND ends_with(t.arm, '_skill') AS skipped,
-       t.state = 'finished' AND t.status = 'passed' AS passed,
-       CASE WHEN t.state = 'finished' AND t.status = 'passed' THEN coalesce(t.speedup, 0) ELSE 0 END AS speedup,
+       (t.state = '{state.FINISHED}' AND coalesce(t.status, '') <> '{status.INFRA_ERROR}')
+           OR (t.state = '{state.SKIPPED}' AND ends_with(t.arm, '_skill')) AS counted,
+       t.state = '{state.FINISHED}' AND coalesce(t.status, '') <> '{status.INFRA_ERROR}' AS attempted,
+       t.state = '{state.SKIPPED}' AND ends_with(t.arm, '_skill') AS skipped,
+       t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' AS passed,
+       CASE WHEN t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' THEN coalesce(t.speedup, 0) ELSE 0 END AS speedup,
        t.source_trial_id, t.skill_sha256, t.kernel_ms, t.eager_ms, t.wall_s, t.queue_s,
        t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd
 FROM trials t
@@ -44,8 +47,8 @@ LEFT JOIN problems p USING (problem_id);
 -- `complete`: base and skill are both counted, so the cell has a paired ratio.
 CREATE OR REPLACE VIEW cells AS
 WITH directions(direction, source_arm, base_arm, skill_arm) AS (
-    VALUES ('cutedsl2tirx', 'solo_cutedsl', 'solo_tirx', 'cutedsl2tirx_skill'),
-           ('tirx2cutedsl', 'solo_tirx', 'solo_cutedsl', 'tirx2cutedsl_skill')
+    VALUES ('cutedsl2tirx', '{arm.SOLO_CUTEDSL}', '{arm.SOLO_TIRX}', '{arm.CUTEDSL2TIRX_SKILL}'),
+           ('tirx2cutedsl', '{arm.SOLO_TIRX}', '{arm.SOLO_CUTEDSL}', '{arm.TIRX2CUTEDSL_SKILL}')
 ),
 keys AS (
     SELECT DISTINCT o.model, o.is_oracle, o.model_label, o.problem_id, o.family, o.replicate, d.*

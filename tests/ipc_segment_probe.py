@@ -1,6 +1,6 @@
 """Can a process that maps a shared input over CUDA IPC read the sharer's other tensors?
 
-    python scripts/gpu_ipc_segment_probe.py        (on a GPU machine; prints one JSON object)
+    python tests/ipc_segment_probe.py        (on a GPU machine; prints one JSON object)
 
 A CUDA IPC handle maps the whole allocation its tensor was carved from. This probe carves an input
 and a "secret" (standing in for the referee's reference) the way torch's caching allocator can,

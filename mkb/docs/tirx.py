@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 from collections import defaultdict
 
-from mkb.docs import Entry, Page, _Collector, _entry, _import, first_paragraph
+from mkb.docs.entries import Collector, Entry, Page, entry, first_paragraph, import_dotted
 
 SCOPES = ("thread", "warp", "warpgroup", "wg", "cta", "cluster")
 """T.<scope>.<tile op>: the same tile primitive, executed cooperatively by that scope."""
@@ -77,7 +77,7 @@ def ptx_page() -> Page:
     return page
 
 
-def tile_page(collector: _Collector) -> Page:
+def tile_page(collector: Collector) -> Page:
     """T.tile: the tile primitives, plus the scope namespaces that run them cooperatively."""
     from tvm.script import tirx as T
 
@@ -133,5 +133,5 @@ def names_page(title: str, names: tuple[str, ...]) -> Page:
     """A page of individually named objects (e.g. tvm.compile, tvm.target.Target)."""
     page = Page(title)
     for name in names:
-        page.entries.append(_entry(name, _import(name)))
+        page.entries.append(entry(name, import_dotted(name)))
     return page

@@ -1,0 +1,51 @@
+"""The judge on a GPU, beyond test_judge.py's smoke-scale fixtures: the valid DSL kernels at full scale in both
+timing modes, and the CPU hack fixtures graded on the GPU with the status each must get there.
+
+Run on the GPU machine: `pytest -m gpu tests/test_judge_gpu.py --gpu-records OUT` (scripts/gpu_session.sh judge)
+also writes every judge record to OUT/judge_records.json.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_judge import KERNELS, fixture_facts
+
+from mkb.judge import grade
+from mkb.problems import catalog_for, resolve
+from mkb.records import Check, Status
+
+VALID = ("gpu_cutedsl_p28", "gpu_cutedsl_p32", "gpu_tirx_p28", "gpu_tirx_p32")
+"""Real DSL kernels that must pass at full scale, timed."""
+ON_GPU = {
+    "wrong_structure": Status.WRONG_STRUCTURE, "zeros": Status.INCORRECT, "constant": Status.INCORRECT,
+    "caching": Status.INCORRECT, "lazy_output": Status.WRONG_STRUCTURE, "input_mutation": Status.INCORRECT,
+    "alias_output": Status.INCORRECT, "nan_output": Status.INCORRECT, "runtime_error": Status.RUNTIME_ERROR,
+    "import_error": Status.IMPORT_ERROR, "crash_segfault": Status.CRASHED, "os_exit": Status.CRASHED,
+    "hang": Status.TIMEOUT, "huge_output": Status.POLICY_VIOLATION, "timer_patch_hidden": Status.POLICY_VIOLATION,
+    "valid_torch_p28": Status.POLICY_VIOLATION, "reference_call": Status.POLICY_VIOLATION,
+}
+"""CPU fixtures graded on the GPU as kernels of their DSL (CuTe DSL unless TIRx), with the status each must get
+there: a torch-only kernel launches no DSL kernel on a GPU, so it is a policy violation there."""
+CASES = ([pytest.param(name, "full", timing, id=f"{name}-full-{timing}") for timing in ("paper", "flushed")
+          for name in VALID]
+         + [pytest.param(name, "smoke", "paper", id=f"{name}-on-gpu") for name in ON_GPU])
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return catalog_for(KERNELS.parent.parent / "problems")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture,scale,timing", CASES)
+def test_graded_on_the_gpu(fixture, scale, timing, catalog, gpu_records):
+    facts = fixture_facts(KERNELS / f"{fixture}.py")
+    dsl = facts["dsl"] if facts["dsl"] == "tirx" else "cutedsl"
+    expected = ON_GPU.get(fixture, facts["expected"])
+    record = grade(resolve(facts["problem"], catalog), KERNELS / f"{fixture}.py", dsl, device="cuda", timing=timing,
+                   scale=scale, timeout_s=facts["timeout"])
+    gpu_records("judge_records", {"fixture": fixture, "scale": scale, "timing": timing, "expected": expected,
+                                  "hack": facts["hack"], "record": record.model_dump(mode="json")})
+    assert record.status == expected, f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
+    if fixture in VALID:
+        assert record.kernel_ms > 0 and record.eager_ms > 0 and record.dsl_check == Check.PASSED
