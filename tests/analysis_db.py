@@ -132,8 +132,14 @@ def add_transcript(store: Store, model: str, trial_id: str, messages: list[dict]
     attempt_id = attempt_id or f"a-{model}-{trial_id}".replace("/", "-")
     store.put(Attempt(attempt_id=attempt_id, model=model, trial_id=trial_id, state=State.RUNNING, started_at=now()))
     transcript = Transcript(store, attempt_id)
-    for seq, message in enumerate(messages):
-        transcript.message(seq, message)
+    for seq, message in enumerate(messages):  # raw rows: the site must cope with whatever a database holds
+        extra = message.get("extra") or {}
+        store.insert("messages", {"attempt_id": attempt_id, "seq": seq, "role": message.get("role", ""),
+                                  "content": message.get("content"), "tool_calls": message.get("tool_calls"),
+                                  "tool_call_id": message.get("tool_call_id"), "name": message.get("name"),
+                                  "prompt_tokens": extra.get("prompt_tokens"),
+                                  "completion_tokens": extra.get("completion_tokens"), "extra": extra,
+                                  "created_at": now()})
     for n, (kind, record, source) in enumerate(gradings, start=1):
         transcript.submission(Submission(n=n, kind=kind, record=record, kernel_source=source,
                                          kernel_sha256=hashlib.sha256(source.encode()).hexdigest()))

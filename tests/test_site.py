@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from analysis_db import add_cell_trials, add_problem, add_trial, add_transcript, judge_record
+from analysis_db import add_cell_trials, add_problem, add_run, add_skill, add_trial, add_transcript, judge_record
 from browser import Chromium, find_chromium
 from click.testing import CliRunner
 
@@ -82,7 +82,7 @@ def scripted_db(tmp_path_factory) -> Path:
         add_trial(store, "model-a", "p01", ST, speedup=1.5, attempt_id=base)
         add_trial(store, "model-a", "p01", C2T, speedup=3.0, attempt_id=skill)
         add_trial(store, "model-a", "p01", T2C, status="incorrect")
-        store.put_skill("model-a", "p01_r1_solo_cutedsl", None, "# Tiling\n\nUse 128-wide tiles.\n" + HOSTILE)
+        add_skill(store, "model-a", "p01_r1_solo_cutedsl", "# Tiling\n\nUse 128-wide tiles.\n" + HOSTILE)
         add_cell_trials(store, "model-a", "p02", {SC: 1.0, ST: 0.5, C2T: "skipped", T2C: 4.0})
         add_cell_trials(store, "model-a", "p03", {SC: None, ST: 2.0, C2T: 1.0, T2C: 1.0})
         add_cell_trials(store, "model-a", "p04", {SC: 1.0, C2T: 0.5, T2C: "infra_error"})
@@ -90,7 +90,7 @@ def scripted_db(tmp_path_factory) -> Path:
                                   ("p02", {SC: None, ST: 1.5, C2T: 3.0, T2C: None}),
                                   ("p03", {SC: 2.0, ST: 2.0, C2T: 2.0, T2C: 2.5})):
             add_cell_trials(store, MODEL_B, problem, speedups)
-        store.start_run("oracle-run", "reference", is_oracle=True)
+        add_run(store, "oracle-run", "reference", is_oracle=True)
         add_cell_trials(store, "reference", "p01", {SC: 1.2, ST: 1.1, C2T: 1.3, T2C: 1.0})
         oracle = [add_transcript(store, "reference", trial, [{"role": "assistant", "content": "Writing the shipped solution."}],
                                  [("final", judge_record("p02", "tirx", speedup=1.1), BASE_KERNEL)])
