@@ -73,8 +73,8 @@ def make_inputs(device="cuda", scale="full"):
 
 def _mm(a, b, compute):
     """dequant(NVFP4(a)) @ dequant(NVFP4(b))^T for a [N, M, K], b [N, P, K], each with one global scale."""
-    pa, sa, ga = _nvfp4_quantize(a.to(compute))
-    pb, sb, gb = _nvfp4_quantize(b.to(compute))
+    pa, sa, ga = _nvfp4_quantize(a.to(compute).contiguous())
+    pb, sb, gb = _nvfp4_quantize(b.to(compute).contiguous())
     return _nvfp4_dequantize(pa, sa, ga, compute) @ _nvfp4_dequantize(pb, sb, gb, compute).transpose(1, 2)
 
 
