@@ -27,7 +27,7 @@ EXPECTED_SANDBOX = "subprocess" if bwrap_problem() else "bwrap"
 REPO = Path(__file__).resolve().parent.parent
 PROBLEMS = REPO / "problems"
 P28 = resolve("p28", catalog_for(PROBLEMS))
-GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x, residual\n"
+GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x\n"
 SKILL = "Memory-bound row reduction: one pass over each row, keep the sum of squares in fp32.\n"
 
 

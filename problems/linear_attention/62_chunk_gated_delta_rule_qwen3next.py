@@ -1,47 +1,33 @@
-"""Chunked gated delta rule (Gated DeltaNet prefill) with in-kernel L2 norm of q and k, 8 q/k heads shared by 16 v heads, fp32 initial state: returns bf16 o [B,T,16,128] and the fp32 final state [B,16,128,128]."""
-# Source: Qwen3-Next-80B-A3B config.json: linear_num_key_heads 16, linear_num_value_heads 32,
-# linear_key_head_dim 128, linear_value_head_dim 128; its Gated DeltaNet layers L2-normalise q and k
-# (eps 1e-6), scale q by 128^-0.5 and share each q/k head among 2 consecutive v heads (v head h
-# reads q/k head h // 2). We take a 2-way tensor-parallel shard: 8 q/k heads, 16 v heads. Slot
-# change: the slot's 4 k heads per 16 v heads is not Qwen3-Next's 1 : 2 sharing; we use 8 : 16.
-# Recurrence per v head (S is [K, V], alpha_t = exp(g_t)):
-#   S_t = alpha_t S_{t-1} + beta_t k_t (v_t - alpha_t S_{t-1}^T k_t)^T,   o_t = S_t^T q_t.
-# Workload: 16 sequences x 256 tokens, chunk size 64 (the WY / UT-transform chunked algorithm).
-# Precision (part of the definition): accumulation and the carried state are fp32; the operands
-# a chunked tensor-core kernel feeds in bf16 are rounded to the input dtype, as in production
-# kernels: normalised q/k, the inverted intra-chunk matrix (I + A)^-1, the WY factors w and u, the
-# state when it multiplies w and q, the new values v - w S, the intra-chunk q k^T scores and the
-# decayed new values added to the state. This sets the accuracy the fp32 final state is held to;
-# a kernel that keeps everything in fp32 is more accurate and passes too.
-# Fixed: shapes, chunk size. Redrawn per draw: q, k, v (N(0,1), bf16); g = -exp(A_log) *
-# softplus(a + dt_bias) with A_log = log U(1, 16), dt = softplus(dt_bias) log-uniform in
-# [1e-3, 1e-1], a ~ N(0,1) (fp32); beta = sigmoid(N(0,1)) (bf16); initial state N(0, 0.5^2) fp32.
+"""Chunked gated delta rule (Gated DeltaNet prefill, chunk 64) from a zero state: in-kernel L2 norm of q and k, 4 q/k heads shared by 16 v heads (head-first [B, H, T, 128] layout), bf16 log-decay g and beta, q scale given; returns bf16 o [B,16,T,128]."""
+# Source: Qwen3-Next-80B-A3B Gated DeltaNet layers (L2-normalised q and k, q scaled by 128^-0.5,
+# each q/k head shared by consecutive v heads: v head h reads q/k head h // 4 here).
+# Original (MetaKernelBench p62): inputs (q, k [16, 4, 256, 128], v [16, 16, 256, 128], g
+# [16, 16, 256] ~ U(-0.05, 0), beta [16, 16, 256] = sigmoid(N(0,1)), scale 0.08838834764831845),
+# all bf16 but the scale; one output; chunk 64, no initial or final state.
+# Recurrence per v head (S is [K, V], alpha_t = exp(g_t)), with q and k L2-normalised (eps 1e-6):
+#   S_t = alpha_t S_{t-1} + beta_t k_t (v_t - alpha_t S_{t-1}^T k_t)^T,   o_t = scale * S_t^T q_t.
+# Reference algorithm: chunks of 64 with the WY / UT transform (exact up to rounding), all in fp32
+# (fp64 in the anchor), output rounded to bf16 once.
+# Workload: 16 sequences x 256 tokens. Fixed: shapes, chunk size, scale.
+# Redrawn per draw: q, k, v (N(0,1)), g (U(-0.05, 0)), beta (sigmoid(N(0,1))), all bf16.
 import torch
-import torch.nn.functional as F
 
 DTYPE = "bf16"
 SOL = {
     "flops": 16 * 16 * 256 * (8 * 128 * 128 + 4 * 64 * 128 + 2 * 64 * 64),
-    "bytes": 2 * (2 * 16 * 256 * 8 * 128 + 16 * 256 * 16 * 128 + 16 * 256 * 16) + 4 * 16 * 256 * 16
-    + 2 * 4 * 16 * 16 * 128 * 128 + 2 * 16 * 256 * 16 * 128,
+    "bytes": 2 * (2 * 16 * 4 * 256 * 128 + 16 * 16 * 256 * 128 + 2 * 16 * 16 * 256) + 2 * 16 * 16 * 256 * 128,
 }
 
 CHUNK, EPS = 64, 1e-6
+SCALE = 0.08838834764831845
 
 
 def _l2norm(x):
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + EPS)
 
 
-def _chunk_gated_delta_rule(q, k, v, g, beta, state, chunk, lp):
-    """q, k [B,H,T,K]; v [B,H,T,V]; g, beta [B,H,T]; state [B,H,K,V]; T a multiple of chunk.
-
-    Returns (o [B,H,T,V], final state). Everything is in the compute dtype; lp is the dtype that
-    kernel-side bf16 operands are rounded to.
-    """
-    def r(t):
-        return t.to(lp).to(t.dtype)
-
+def _chunked(q, k, v, g, beta, chunk):
+    """q, k [B,H,T,K]; v [B,H,T,V]; g, beta [B,H,T]; zero initial state; T a multiple of chunk -> o [B,H,T,V]."""
     b, h, t, dk = k.shape
     n = t // chunk
     q, k, v = (x.reshape(b, h, n, chunk, x.shape[-1]) for x in (q, k, v))
@@ -49,52 +35,43 @@ def _chunk_gated_delta_rule(q, k, v, g, beta, state, chunk, lp):
     gam = g.cumsum(-1)
     diff = gam[..., :, None] - gam[..., None, :]
     ones = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device)
-    strict, incl = ones.tril(-1), ones.tril()
-    decay_strict = diff.masked_fill(~strict, float("-inf")).exp()
-    decay_incl = diff.masked_fill(~incl, float("-inf")).exp()
-    a_kk = beta[..., None] * (k @ k.transpose(-1, -2)) * decay_strict
+    decay_strict = diff.masked_fill(~ones.tril(-1), float("-inf")).exp()
+    decay_incl = diff.masked_fill(~ones.tril(), float("-inf")).exp()
     eye = torch.eye(chunk, dtype=q.dtype, device=q.device)
-    t_inv = r(torch.linalg.solve_triangular(eye + a_kk, eye.expand_as(a_kk), upper=False, unitriangular=True))
-    w = r(t_inv @ r(k * (beta * gam.exp())[..., None]))
-    u = r(t_inv @ r(v * beta[..., None]))
-    a_qk = r((q @ k.transpose(-1, -2)) * decay_incl)
+    a_kk = beta[..., None] * (k @ k.transpose(-1, -2)) * decay_strict
+    t_inv = torch.linalg.solve_triangular(eye + a_kk, eye.expand_as(a_kk), upper=False, unitriangular=True)
+    w = t_inv @ (k * (beta * gam.exp())[..., None])
+    u = t_inv @ (v * beta[..., None])
+    a_qk = (q @ k.transpose(-1, -2)) * decay_incl
+    state = q.new_zeros(b, h, dk, v.shape[-1])
     o = torch.empty_like(v)
     for i in range(n):
-        s_lp = r(state)
-        v_new = r(u[:, :, i] - w[:, :, i] @ s_lp)
-        o[:, :, i] = gam[:, :, i, :, None].exp() * (q[:, :, i] @ s_lp) + a_qk[:, :, i] @ v_new
+        v_new = u[:, :, i] - w[:, :, i] @ state
+        o[:, :, i] = gam[:, :, i, :, None].exp() * (q[:, :, i] @ state) + a_qk[:, :, i] @ v_new
         last = gam[:, :, i, -1]
-        tail = r(v_new * (last[..., None] - gam[:, :, i]).exp()[..., None])
+        tail = v_new * (last[..., None] - gam[:, :, i]).exp()[..., None]
         state = last.exp()[..., None, None] * state + k[:, :, i].transpose(-1, -2) @ tail
-    return o.reshape(b, h, t, -1), state
+    return o.reshape(b, h, t, -1)
 
 
 def make_inputs(device="cuda", scale="full"):
-    batch, seq, hk, hv, d = (16, 256, 8, 16, 128) if scale == "full" else (2, 24, 2, 4, 16)
-    q = torch.randn(batch, seq, hk, d, device=device).to(torch.bfloat16)
-    k = torch.randn(batch, seq, hk, d, device=device).to(torch.bfloat16)
-    v = torch.randn(batch, seq, hv, d, device=device).to(torch.bfloat16)
-    a_log = torch.log(torch.empty(hv, device=device).uniform_(1, 16))
-    dt = torch.exp(torch.empty(hv, device=device).uniform_(-6.9, -2.3))
-    dt_bias = dt + torch.log(-torch.expm1(-dt))
-    g = -a_log.exp() * F.softplus(torch.randn(batch, seq, hv, device=device) + dt_bias)
-    beta = torch.sigmoid(torch.randn(batch, seq, hv, device=device)).to(torch.bfloat16)
-    initial_state = 0.5 * torch.randn(batch, hv, d, d, device=device)
-    return [q, k, v, g, beta, initial_state]
+    batch, seq, hk, hv, d = (16, 256, 4, 16, 128) if scale == "full" else (2, 24, 1, 4, 16)
+    bf = torch.bfloat16
+    q = torch.randn(batch, hk, seq, d, device=device, dtype=bf)
+    k = torch.randn(batch, hk, seq, d, device=device, dtype=bf)
+    v = torch.randn(batch, hv, seq, d, device=device, dtype=bf)
+    g = torch.empty(batch, hv, seq, device=device, dtype=bf).uniform_(-0.05, 0.0)
+    beta = torch.randn(batch, hv, seq, device=device, dtype=bf).sigmoid()
+    return [q, k, v, g, beta, SCALE]
 
 
-def reference(q, k, v, g, beta, initial_state):
+def reference(q, k, v, g, beta, scale):
     cdt = torch.promote_types(q.dtype, torch.float32)
-    lp = q.dtype
-    b, t, hk, dk = q.shape
-    hv = v.shape[2]
-    chunk = CHUNK if t % CHUNK == 0 else 8  # smoke sequences (24 tokens) use chunks of 8
+    hv = v.shape[1]
+    chunk = CHUNK if q.shape[2] % CHUNK == 0 else 8  # smoke sequences (24 tokens) use chunks of 8
 
-    def heads(x):  # [B,T,Hk,D] -> normalised, repeated to v heads, rounded like a kernel: [B,Hv,T,D]
-        x = _l2norm(x.to(cdt)).to(lp).to(cdt)
-        return x.repeat_interleave(hv // hk, dim=2).transpose(1, 2)
+    def heads(x):  # normalised and repeated to the v heads
+        return _l2norm(x.to(cdt)).repeat_interleave(hv // x.shape[1], dim=1)
 
-    o, state = _chunk_gated_delta_rule(
-        heads(q) * dk ** -0.5, heads(k), v.to(cdt).transpose(1, 2), g.to(cdt).transpose(1, 2),
-        beta.to(cdt).transpose(1, 2), initial_state.to(cdt), chunk, lp)
-    return o.transpose(1, 2).to(v.dtype), state.to(initial_state.dtype)
+    o = _chunked(heads(q) * scale, heads(k), v.to(cdt), g.to(cdt), beta.to(cdt), chunk)
+    return o.to(v.dtype)

@@ -1,4 +1,4 @@
-"""Whole Mamba2 mixer layer: in_proj to [z | xBC | dt], causal depthwise conv (width 4) + SiLU on xBC, SSD selective scan (256 heads of 64, 8 B/C groups, state 256, chunk 128, dt = softplus(dt + dt_bias), A = -exp(A_log), skip D), gated group RMSNorm (y * silu(z), 8 groups), out_proj; bf16 hidden [B,S,8192] in and out."""
+"""Whole Mamba2 mixer layer: in_proj to [z | xBC | dt], causal depthwise conv (width 4) + SiLU on xBC, SSD selective scan (256 heads of 64, 8 B/C groups, state 256, chunk 128, dt = clamp(softplus(dt + dt_bias), given limits), A = -exp(A_log), skip D), gated group RMSNorm (y * silu(z), 8 groups, eps given), out_proj; bf16 hidden [B,S,8192] in and out."""
 # Source: Nemotron-H-56B (NVIDIA; config facts: hidden_size 8192, mamba_num_heads 256,
 # mamba_head_dim 64, ssm_state_size 256, n_groups 8, conv_kernel 4, chunk_size 128,
 # layer_norm_epsilon 1e-5, use_bias false, use_conv_bias true). Its Mamba2 mixer: in_proj 8192 ->
@@ -6,11 +6,14 @@
 # bias, then SiLU; split xBC into x | B | C; head h uses B/C group h // 32; selective scan with
 # D skip; y = RMSNorm_grouped(y * silu(z)) * norm_weight with 8 groups of 2048 channels
 # (norm_before_gate false); out_proj 16384 -> 8192.
+# Original (MetaKernelBench p63): inputs (hidden_states, in_proj, conv1d weight and bias, dt_bias,
+# A_log, D, norm weight, out_proj, time_step_limit (0.0, 1e6), layer_norm_epsilon 1e-5), all tensors
+# bf16; 12 inputs, 1 output.
 # Workload: 8 sequences x 512 tokens (4 chunks of 128), zero initial conv and SSM states.
 # Semantics: computed in fp32 (GEMMs included), rounded to bf16 once at the end.
-# Fixed: shapes, eps. Redrawn per draw: hidden (N(0,1)), in_proj / out_proj (N(0, 1/fan_in)),
-# conv weight (N(0, 1/4)) and bias (0.1 N), norm weight (1 + 0.1 N), all bf16; dt_bias =
-# softplus^-1 of a log-uniform dt in [1e-3, 1e-1], A_log = log U(1, 16), D = 1 + 0.1 N (fp32).
+# Fixed: shapes, limits, eps. Redrawn per draw (all bf16, as the original draws them): hidden
+# (N(0,1)), in_proj / out_proj (N(0, 1/fan_in)), conv weight (N(0, 1/4)) and bias (N(0,1)), dt_bias
+# (N(0,1)), A_log (U(-5, -1)), D (N(0,1)), norm weight (1 + 0.1 N).
 import torch
 import torch.nn.functional as F
 
@@ -19,11 +22,12 @@ SOL = {
     "flops": 2 * 4096 * 8192 * 37120 + 2 * 4096 * 16384 * 8192 + 2 * 4 * 4096 * 20480
     + 8 * 4 * (8 * 2 * 128 * 128 * 256 + 256 * 128 * 128 * (2 * 64 + 1)) + 4096 * 256 * 6 * 64 * 256
     + 10 * 4096 * 16384,
-    "bytes": 2 * 4096 * 8192 + 2 * 37120 * 8192 + 2 * 20480 * 5 + 4 * 3 * 256 + 2 * 16384
+    "bytes": 2 * 4096 * 8192 + 2 * 37120 * 8192 + 2 * 20480 * 5 + 2 * 3 * 256 + 2 * 16384
     + 2 * 8192 * 16384 + 2 * 4096 * 8192,
 }
 
 CHUNK, EPS, WIDTH = 128, 1e-5, 4
+TIME_STEP_MIN, TIME_STEP_MAX = 0.0, 1000000.0
 
 
 def _segsum(a):
@@ -73,18 +77,17 @@ def make_inputs(device="cuda", scale="full"):
     bf = torch.bfloat16
     hidden_states = torch.randn(batch, seq, hidden, device=device).to(bf)
     w_in = (torch.randn(d_inner + conv_dim + heads, hidden, device=device) / hidden ** 0.5).to(bf)
-    conv_w = (0.5 * torch.randn(conv_dim, 1, WIDTH, device=device)).to(bf)
-    conv_b = (0.1 * torch.randn(conv_dim, device=device)).to(bf)
-    dt0 = torch.exp(torch.empty(heads, device=device).uniform_(-6.9, -2.3))
-    dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
-    a_log = torch.log(torch.empty(heads, device=device).uniform_(1, 16))
-    d = 1 + 0.1 * torch.randn(heads, device=device)
+    conv_w = (torch.randn(conv_dim, 1, WIDTH, device=device) / WIDTH ** 0.5).to(bf)
+    conv_b = torch.randn(conv_dim, device=device, dtype=bf)
+    dt_bias = torch.randn(heads, device=device, dtype=bf)
+    a_log = torch.empty(heads, device=device, dtype=bf).uniform_(-5.0, -1.0)
+    d = torch.randn(heads, device=device, dtype=bf)
     norm_w = (1 + 0.1 * torch.randn(d_inner, device=device)).to(bf)
     w_out = (torch.randn(hidden, d_inner, device=device) / d_inner ** 0.5).to(bf)
-    return [hidden_states, w_in, conv_w, conv_b, dt_bias, a_log, d, norm_w, w_out]
+    return [hidden_states, w_in, conv_w, conv_b, dt_bias, a_log, d, norm_w, w_out, TIME_STEP_MIN, TIME_STEP_MAX, EPS]
 
 
-def reference(hidden_states, w_in, conv_w, conv_b, dt_bias, a_log, d, norm_w, w_out):
+def reference(hidden_states, w_in, conv_w, conv_b, dt_bias, a_log, d, norm_w, w_out, time_step_min, time_step_max, eps):
     cdt = torch.promote_types(hidden_states.dtype, torch.float32)
     bs, t, _ = hidden_states.shape
     heads = a_log.numel()
@@ -100,9 +103,9 @@ def reference(hidden_states, w_in, conv_w, conv_b, dt_bias, a_log, d, norm_w, w_
     xbc = F.silu(xbc.transpose(1, 2))
     x, b, c = xbc.split([d_inner, groups * n, groups * n], dim=-1)
     x = x.reshape(bs, t, heads, p)
-    dt = F.softplus(dt + dt_bias.to(cdt))
+    dt = F.softplus(dt + dt_bias.to(cdt)).clamp(time_step_min, time_step_max)
     y = _ssd(x, dt, -a_log.to(cdt).exp(), b.reshape(bs, t, groups, n), c.reshape(bs, t, groups, n), chunk)
     y = (y + d.to(cdt)[:, None] * x).reshape(bs, t, d_inner) * F.silu(z)
     y = y.reshape(bs, t, groups, -1)
-    y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + EPS)).reshape(bs, t, d_inner) * norm_w.to(cdt)
+    y = (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).reshape(bs, t, d_inner) * norm_w.to(cdt)
     return (y @ w_out.to(cdt).T).to(hidden_states.dtype)

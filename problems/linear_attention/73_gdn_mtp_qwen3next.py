@@ -1,68 +1,71 @@
-"""Gated DeltaNet multi-token (MTP draft verification) step: for each of 32 requests, read its fp32 state from a pool by index, run the gated delta rule over 4 draft tokens (gates from raw a/b, in-kernel L2 norm of q/k, 8 q/k heads shared by 16 v heads); returns bf16 o [32,4,16,128] and the true fp32 final states [32,16,128,128]."""
-# Source: Qwen3-Next-80B-A3B config.json: linear_num_key_heads 16, linear_num_value_heads 32,
-# linear_key_head_dim 128, linear_value_head_dim 128; the model ships a multi-token-prediction
-# head, and its drafts are verified by running several tokens per request through every layer
-# in one step. Its Gated DeltaNet computes
-# g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b), L2-normalises q and k (eps 1e-6),
-# scales q by 128^-0.5 and shares each q/k head among 2 consecutive v heads (v head h reads q/k
-# head h // 2). 2-way tensor-parallel shard: 8 q/k heads, 16 v heads.
-# Recurrence per request and v head (S is [K, V], alpha_t = exp(g_t)):
-#   S_t = alpha_t S_{t-1} + beta_t k_t (v_t - alpha_t S_{t-1}^T k_t)^T,   o_t = S_t^T q_t,
-# starting from state_pool[state_indices[b]]; the state after the 4th token is returned (the real
-# final state: a known defect elsewhere returns a copy of the initial state instead).
-# Workload: 32 requests x 4 tokens; state pool of 49 slots, the 32 requests use distinct slots.
-# Precision: the recurrence is done token by token in fp32 (decode kernels keep the state fp32).
-# Fixed: shapes. Redrawn per draw: q, k, v, a, b (N(0,1), bf16); A_log = log U(1, 16), dt_bias =
-# softplus^-1 of a log-uniform dt in [1e-3, 1e-1] (fp32); pool N(0, 0.5^2) fp32; slot indices.
+"""Gated delta rule multi-token (MTP draft verification) step over a pooled fp32 state stored [V, K]: each of 32 requests reads its state from the pool by index and runs 4 draft tokens (decay from A_log/a/dt_bias, beta = sigmoid(b), q and k used as given, 8 q/k heads shared by 16 v heads); returns (o bf16 [32,4,16,128], the pool fp32 [49,16,128,128] with each request's slot holding its final state)."""
+# Source: Qwen3-Next-80B-A3B at tensor parallel 2 (8 q/k heads, 16 v heads of 128; v head h reads
+# q/k head h // 2); its multi-token-prediction drafts are verified by running several tokens per
+# request through every layer in one step.
+# Original (MetaKernelBench p73, FlashInfer-Trace gdn_mtp_qk8_v16_d128_k_last): inputs (q, k
+# [32, 4, 8, 128], v [32, 4, 16, 128], initial_state pool fp32 [49, 16, 128, 128] with the key dim
+# last, initial_state_indices int32 [32] (distinct slots), A_log, a, dt_bias, b [32, 4, 16],
+# scale); the captured A_log and dt_bias values below. Known defect not copied: the original's
+# second output is an unchanged copy of the pool; ours is the pool with the 32 used slots replaced
+# by their final states (same shape and dtype), what the step must leave behind.
+# Per (request, token, v head), with S = pool[index]^T [K, V]: S' = alpha S; u = k^T S';
+# S = S' + k (beta v + (1 - beta) u - u)^T; o = scale * q^T S.
+# Reference: a loop over (request, token, head), as the original evaluates it, fp32 (fp64 in the
+# anchor).
+# Fixed: shapes, A_log, dt_bias, scale. Redrawn per draw (at the capture's scales): q (0.63 N),
+# k (0.26 N), v (0.13 N), a (0.82 + 2.24 N), b (0.45 + 2.02 N), all bf16; pool 0.0215 N (fp32);
+# the 32 slot indices (the first 32 of a random permutation of the 49 slots).
 import torch
 import torch.nn.functional as F
 
 DTYPE = "bf16"
 SOL = {
-    "flops": 32 * 4 * 16 * (9 * 128 * 128 + 20),
+    "flops": 6 * 32 * 4 * 16 * 128 * 128,
     "bytes": 2 * (2 * 32 * 4 * 8 * 128 + 32 * 4 * 16 * 128 + 2 * 32 * 4 * 16) + 4 * 2 * 16 + 4 * 32
-    + 2 * 4 * 32 * 16 * 128 * 128 + 2 * 32 * 4 * 16 * 128,
+    + 2 * 4 * 49 * 16 * 128 * 128 + 2 * 32 * 4 * 16 * 128,
 }
 
-EPS = 1e-6
-
-
-def _l2norm(x):
-    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + EPS)
+A_LOG = (-1.046875, -0.5234375, -1.828125, -1.15625, -0.0244140625, 0.28515625, -1.9921875, -2.0, 0.11962890625,
+         0.3671875, -1.59375, -1.34375, 0.333984375, -1.640625, -0.5234375, -0.2890625)
+DT_BIAS = (-5.25, -5.75, -2.015625, -3.3125, -6.25, -6.65625, -0.88671875, -0.6328125, -4.8125, -5.28125, -1.7578125,
+           -3.484375, 2.3125, -6.40625, -6.34375, -6.75)
+SCALE = 0.08838834764831843
 
 
 def make_inputs(device="cuda", scale="full"):
     batch, steps, pool, hk, hv, d = (32, 4, 49, 8, 16, 128) if scale == "full" else (3, 4, 5, 2, 4, 16)
-    q = torch.randn(batch, steps, hk, d, device=device).to(torch.bfloat16)
-    k = torch.randn(batch, steps, hk, d, device=device).to(torch.bfloat16)
-    v = torch.randn(batch, steps, hv, d, device=device).to(torch.bfloat16)
-    a = torch.randn(batch, steps, hv, device=device).to(torch.bfloat16)
-    b = torch.randn(batch, steps, hv, device=device).to(torch.bfloat16)
-    a_log = torch.log(torch.empty(hv, device=device).uniform_(1, 16))
-    dt = torch.exp(torch.empty(hv, device=device).uniform_(-6.9, -2.3))
-    dt_bias = dt + torch.log(-torch.expm1(-dt))
-    state_pool = 0.5 * torch.randn(pool, hv, d, d, device=device)
-    state_indices = torch.randperm(pool, device=device)[:batch].to(torch.int32)
-    return [q, k, v, a, b, a_log, dt_bias, state_pool, state_indices]
+    bf = torch.bfloat16
+    q = (0.63 * torch.randn(batch, steps, hk, d, device=device)).to(bf)
+    k = (0.26 * torch.randn(batch, steps, hk, d, device=device)).to(bf)
+    v = (0.13 * torch.randn(batch, steps, hv, d, device=device)).to(bf)
+    state_pool = 0.0215 * torch.randn(pool, hv, d, d, device=device)
+    indices = torch.randperm(pool, device=device)[:batch].to(torch.int32)
+    a = (0.82 + 2.24 * torch.randn(batch, steps, hv, device=device)).to(bf)
+    b = (0.45 + 2.02 * torch.randn(batch, steps, hv, device=device)).to(bf)
+    return [q, k, v, state_pool, indices, torch.tensor(A_LOG[:hv], device=device), a,
+            torch.tensor(DT_BIAS[:hv], device=device), b, SCALE]
 
 
-def reference(q, k, v, a, b, a_log, dt_bias, state_pool, state_indices):
+def reference(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale):
     cdt = torch.promote_types(q.dtype, torch.float32)
-    out_dtype = v.dtype
-    hk, dk = q.shape[2:]
+    batch, steps, hk, _ = q.shape
     hv = v.shape[2]
-    alpha = torch.exp(-a_log.to(cdt).exp() * F.softplus(a.to(cdt) + dt_bias.to(cdt)))  # [B,T,Hv]
+    alpha = torch.exp(-torch.exp(A_log.to(cdt)) * F.softplus(a.to(cdt) + dt_bias.to(cdt)))  # [B, T, Hv]
     beta = torch.sigmoid(b.to(cdt))
-    q = _l2norm(q.to(cdt)).repeat_interleave(hv // hk, dim=2) * dk ** -0.5
-    k = _l2norm(k.to(cdt)).repeat_interleave(hv // hk, dim=2)
-    v = v.to(cdt)
-    state = state_pool[state_indices.long()].to(cdt)  # [B,Hv,K,V]
-    out = []
-    for t in range(q.shape[1]):
-        state = state * alpha[:, t, :, None, None]
-        recalled = torch.einsum("bhkv,bhk->bhv", state, k[:, t])
-        delta = (v[:, t] - recalled) * beta[:, t, :, None]
-        state = state + k[:, t, :, :, None] * delta[:, :, None, :]
-        out.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t]))
-    o = torch.stack(out, dim=1)
-    return o.to(out_dtype), state.to(state_pool.dtype)
+    qh = q.to(cdt).repeat_interleave(hv // hk, dim=2)
+    kh = k.to(cdt).repeat_interleave(hv // hk, dim=2)
+    vh = v.to(cdt)
+    out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
+    final = state_pool.to(cdt, copy=True)
+    for i in range(batch):
+        slot = int(indices[i])
+        s = final[slot].transpose(-1, -2).clone()                       # [Hv, K, V]
+        for t in range(steps):
+            for h in range(hv):
+                sh = alpha[i, t, h] * s[h]
+                recalled = kh[i, t, h] @ sh
+                target = beta[i, t, h] * vh[i, t, h] + (1 - beta[i, t, h]) * recalled
+                s[h] = sh + kh[i, t, h, :, None] * (target - recalled)[None, :]
+                out[i, t, h] = (scale * (qh[i, t, h] @ s[h])).to(q.dtype)
+        final[slot] = s.transpose(-1, -2)
+    return out, final

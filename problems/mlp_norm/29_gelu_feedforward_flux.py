@@ -3,7 +3,9 @@
 # mult 4 (inner 12288), activation "gelu-approximate" (tanh form of GELU), both Linears with bias.
 # Workload: batch 32 x 512 tokens = 16,384 tokens, fp32 throughout (the judge runs the reference
 # with TF32 off).
-# Fixed: shapes. Redrawn per draw: x (N(0,1)), weights (N(0,1)/sqrt(fan_in)), biases (0.02 N).
+# Original (MetaKernelBench p29): the same operation, shapes and input order.
+# Fixed: shapes. Redrawn per draw: x (N(0,1)), weights (N(0,1)/sqrt(fan_in)), biases (N(0,1), as
+# the original draws them).
 import torch
 import torch.nn.functional as F
 
@@ -19,9 +21,9 @@ def make_inputs(device="cuda", scale="full"):
         b, s, d, f = 32, 512, 3072, 12288
     x = torch.randn(b, s, d, device=device)
     w1 = torch.randn(f, d, device=device) / d ** 0.5
-    b1 = 0.02 * torch.randn(f, device=device)
+    b1 = torch.randn(f, device=device)
     w2 = torch.randn(d, f, device=device) / f ** 0.5
-    b2 = 0.02 * torch.randn(d, device=device)
+    b2 = torch.randn(d, device=device)
     return [x, w1, b1, w2, b2]
 
 

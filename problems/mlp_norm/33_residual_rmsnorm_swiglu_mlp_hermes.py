@@ -1,17 +1,21 @@
-"""Pre-norm SwiGLU MLP with residual: r = x + residual; h = RMSNorm(r) * w (eps 1e-5); y = W_down(SiLU(W_gate h) * W_up h); return (y, r) (bf16 in, bf16 out)."""
+"""Pre-norm SwiGLU MLP: r = x + residual (bf16); h = weight * RMSNorm(r) (eps given); y = W_down(SiLU(W_gate h) * W_up h); returns y only (bf16 in, bf16 out)."""
 # Source: Hermes-3-Llama-3.1-405B config.json (Llama-3.1-405B architecture): hidden_size 16384,
 # intermediate_size 53248, hidden_act silu, rms_norm_eps 1e-5, no MLP biases. RMSNorm as in Llama:
 # statistics in fp32, the normalised value cast back to the activation dtype, then times weight.
+# Original (MetaKernelBench p33): inputs (x, residual, norm weight, W_gate, W_up, W_down, eps);
+# the residual sum is not an output.
 # Workload: batch 64 x 128 tokens = 8,192 tokens (one unsharded MLP layer, ~43 TFLOP; weights
 # 5.2 GB in bf16).
-# Fixed: shapes, eps. Redrawn per draw: x, residual (N(0,1)), norm weight (1 + 0.1 N), weights
-# (N(0,1)/sqrt(fan_in)).
+# Fixed: shapes, eps 1e-5. Redrawn per draw: x, residual (N(0,1)), norm weight (1 + 0.1 N),
+# weights (N(0,1)/sqrt(fan_in)).
 import torch
 import torch.nn.functional as F
 
 DTYPE = "bf16"
 SOL = {"flops": 3 * 2 * 8192 * 16384 * 53248 + 4 * 8192 * 53248 + 5 * 8192 * 16384,
-       "bytes": 2 * (2 * 8192 * 16384 + 16384 + 3 * 16384 * 53248 + 2 * 8192 * 16384)}
+       "bytes": 2 * (2 * 8192 * 16384 + 16384 + 3 * 16384 * 53248 + 8192 * 16384)}
+
+EPS = 1e-5
 
 
 def make_inputs(device="cuda", scale="full"):
@@ -26,15 +30,14 @@ def make_inputs(device="cuda", scale="full"):
     w_gate = (torch.randn(f, d, device=device) / d ** 0.5).to(bf)
     w_up = (torch.randn(f, d, device=device) / d ** 0.5).to(bf)
     w_down = (torch.randn(d, f, device=device) / f ** 0.5).to(bf)
-    return [x, residual, norm_w, w_gate, w_up, w_down]
+    return [x, residual, norm_w, w_gate, w_up, w_down, EPS]
 
 
-def reference(x, residual, norm_w, w_gate, w_up, w_down):
+def reference(x, residual, norm_w, w_gate, w_up, w_down, eps):
     ct = torch.promote_types(x.dtype, torch.float32)
     r = x + residual
     h = r.to(ct)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = norm_w * h.to(x.dtype)
-    a = F.silu(F.linear(h, w_gate))
-    a = a * F.linear(h, w_up)
-    return F.linear(a, w_down), r
+    a = F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)
+    return F.linear(a, w_down)

@@ -1,46 +1,47 @@
-"""Backward of y = RMSNorm(Embedding(ids)) * weight (eps 1e-6): given ids, the table, weight and dL/dy, return (dL/dtable as a dense [vocab, hidden] tensor accumulated over repeated ids, dL/dweight) (bf16)."""
+"""Backward of y = RMSNorm(Embedding(ids)) * weight from the saved fp32 embedding output and rstd: given dL/dy (bf16), ids, the embeddings h (fp32), rstd (fp32 [B,S,1]) and weight, return (dL/dtable as a dense [vocab, hidden] bf16 tensor accumulated over repeated ids, dL/dweight bf16)."""
 # Source: Jamba-v0.1 (ai21labs) config.json: vocab_size 65536, hidden_size 4096, rms_norm_eps 1e-6;
-# the token embedding feeds the first layer's input RMSNorm. Gradients are accumulated in fp32
-# (fp64 in the anchor) and returned in the parameter dtype (bf16), as autograd does for bf16
-# parameters.
+# the token embedding feeds the first layer's input RMSNorm.
+# Original (MetaKernelBench p43): inputs (grad_output, input_ids, hidden_states_fp32, rstd,
+# norm_weight), 2 outputs; the embedding output and its rstd are saved, not recomputed.
+# Semantics (fp32, fp64 in the anchor): x_hat = h * rstd; dweight = sum over tokens of dy * x_hat;
+# g = dy * weight; dh = rstd * (g - x_hat * mean(g * x_hat)); dtable = zeros, index-added with dh at
+# each token's id; both gradients rounded to bf16.
 # Workload: 64 sequences x 256 tokens = 16,384 tokens; vocab 65,536 x 4096 (the dense table
 # gradient is 0.5 GB, mostly zero rows).
-# Fixed: shapes, eps. Redrawn per draw: token ids (uniform, except that ~25% of the tokens are
-# drawn from 64 frequent ids, so many rows collect several contributions), table (N(0,1)),
-# weight (1 + 0.1 N), grad_y (N(0,1)).
+# Fixed: shapes, eps 1e-6 (used to build rstd). Redrawn per draw: dy (N(0,1), bf16), token ids
+# (uniform over the vocabulary), h (N(0,1), fp32), rstd = 1 / sqrt(mean(h^2) + 1e-6), weight
+# (1 + 0.1 N, bf16).
 import torch
 
 DTYPE = "bf16"
+VOCAB = 65536
 SOL = {"flops": 12 * 16384 * 4096,
-       "bytes": 8 * 16384 + 2 * (16384 * 4096 + 4096 + 16384 * 4096 + 65536 * 4096 + 4096)}
+       "bytes": 2 * 16384 * 4096 + 8 * 16384 + 4 * 16384 * 4096 + 4 * 16384 + 2 * 4096
+       + 2 * 65536 * 4096 + 2 * 4096}
 
 
 def make_inputs(device="cuda", scale="full"):
     if scale == "smoke":
-        b, s, d, v = 2, 16, 64, 256
+        b, s, d = 2, 16, 64
     else:
-        b, s, d, v = 64, 256, 4096, 65536
+        b, s, d = 64, 256, 4096
     bf = torch.bfloat16
-    ids = torch.randint(0, v, (b, s), device=device, dtype=torch.int64)
-    frequent = torch.randperm(v, device=device)[:64]
-    pick = frequent[torch.randint(0, 64, (b, s), device=device)]
-    ids = torch.where(torch.rand(b, s, device=device) < 0.25, pick, ids)
-    table = torch.randn(v, d, device=device, dtype=bf)
-    weight = (1 + 0.1 * torch.randn(d, device=device)).to(bf)
     grad_y = torch.randn(b, s, d, device=device, dtype=bf)
-    return [ids, table, weight, grad_y]
+    ids = torch.randint(0, VOCAB, (b, s), device=device, dtype=torch.int64)
+    hidden = torch.randn(b, s, d, device=device)
+    rstd = torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6)
+    weight = (1 + 0.1 * torch.randn(d, device=device)).to(bf)
+    return [grad_y, ids, hidden, rstd, weight]
 
 
-def reference(ids, table, weight, grad_y):
-    ct = torch.promote_types(table.dtype, torch.float32)
-    d = table.shape[1]
-    flat = ids.reshape(-1)
-    e = table[flat].to(ct)
-    rstd = torch.rsqrt(e.pow(2).mean(-1, keepdim=True) + 1e-6)
-    ehat = e * rstd
-    dy = grad_y.reshape(-1, d).to(ct)
-    grad_weight = (dy * ehat).sum(0)
+def reference(grad_y, ids, hidden, rstd, weight):
+    ct = torch.promote_types(grad_y.dtype, torch.float32)
+    d = hidden.shape[-1]
+    dy = grad_y.to(ct)
+    x_hat = hidden.to(ct) * rstd.to(ct)
+    grad_w = (dy * x_hat).sum(dim=(0, 1))
     g = dy * weight.to(ct)
-    de = rstd * (g - ehat * (g * ehat).mean(-1, keepdim=True))
-    grad_table = torch.ops.aten.embedding_dense_backward(de, flat, table.shape[0], -1, False)
-    return grad_table.to(table.dtype), grad_weight.to(weight.dtype)
+    dh = rstd.to(ct) * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
+    # a deterministic (sort-based) scatter-add of the token gradients into the table's rows
+    grad_table = torch.ops.aten.embedding_dense_backward(dh.reshape(-1, d), ids.reshape(-1), VOCAB, -1, False)
+    return grad_table.to(grad_y.dtype), grad_w.to(grad_y.dtype)

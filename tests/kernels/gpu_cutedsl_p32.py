@@ -45,9 +45,9 @@ def _kernel(arch: str):
     return _compiled[arch]
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
+def solve(x, w_gate_up, w_down):
     major, minor = torch.cuda.get_device_capability(x.device)
-    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up).reshape(-1, w_gate_up.shape[0])
+    h = torch.nn.functional.linear(x, w_gate_up).reshape(-1, w_gate_up.shape[0])
     act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
     _kernel(f"sm_{major}{minor}" + ("a" if major >= 9 else ""))(h, act)
-    return torch.nn.functional.linear(act, w_down, b_down).reshape(*x.shape[:-1], w_down.shape[0])
+    return torch.nn.functional.linear(act, w_down).reshape(*x.shape[:-1], w_down.shape[0])

@@ -42,13 +42,13 @@ def _kernel(device):
     return _compiled[0], _side[0]
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
+def solve(x, w_gate_up, w_down):
     kernel, side = _kernel(x.device)
-    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up).reshape(-1, w_gate_up.shape[0])
+    h = torch.nn.functional.linear(x, w_gate_up).reshape(-1, w_gate_up.shape[0])
     act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
     kernel(h, act)
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         torch.cuda._sleep(10_000_000)
-        out = torch.nn.functional.linear(act, w_down, b_down)
+        out = torch.nn.functional.linear(act, w_down)
     return out.reshape(*x.shape[:-1], w_down.shape[0])

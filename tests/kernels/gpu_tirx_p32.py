@@ -37,8 +37,8 @@ def _kernel(device: torch.device):
     return _compiled[0]
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
-    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up).reshape(-1, w_gate_up.shape[0])
+def solve(x, w_gate_up, w_down):
+    h = torch.nn.functional.linear(x, w_gate_up).reshape(-1, w_gate_up.shape[0])
     act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
     _kernel(x.device)(h, act)
-    return torch.nn.functional.linear(act, w_down, b_down).reshape(*x.shape[:-1], w_down.shape[0])
+    return torch.nn.functional.linear(act, w_down).reshape(*x.shape[:-1], w_down.shape[0])

@@ -9,4 +9,4 @@ import definitely_not_a_module  # noqa: F401
 
 
 def solve(x, residual, weight):
-    return x, x
+    return x

@@ -10,4 +10,4 @@ import torch
 
 def solve(x, residual, weight):
     hog = torch.ones(64 << 30, dtype=torch.uint8)
-    return hog, hog
+    return hog

@@ -8,9 +8,9 @@ Expected: incorrect
 import torch
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
-    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up)
+def solve(x, w_gate_up, w_down):
+    h = torch.nn.functional.linear(x, w_gate_up)
     gate, up = h.chunk(2, dim=-1)
-    out = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w_down, b_down)
+    out = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w_down)
     out.view(-1)[0] = float("nan")
     return out

@@ -8,5 +8,5 @@ Expected: runtime_error
 import torch
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
-    return torch.nn.functional.linear(x, w_down, b_down)
+def solve(x, w_gate_up, w_down):
+    return torch.nn.functional.linear(x, w_down)

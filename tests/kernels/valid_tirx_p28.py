@@ -13,14 +13,13 @@ EPS = 1e-5
 
 
 @T.prim_func
-def add_rmsnorm(x_h: T.handle, r_h: T.handle, w_h: T.handle, o_h: T.handle, s_h: T.handle):
+def add_rmsnorm(x_h: T.handle, r_h: T.handle, w_h: T.handle, o_h: T.handle):
     m = T.int32()
     n = T.int32()
     X = T.match_buffer(x_h, (m, n), "bfloat16")
     R = T.match_buffer(r_h, (m, n), "bfloat16")
     W = T.match_buffer(w_h, (n,), "bfloat16")
     O = T.match_buffer(o_h, (m, n), "bfloat16")
-    S = T.match_buffer(s_h, (m, n), "bfloat16")
     acc = T.alloc_buffer((1,), "float32")
     for i in range(m):
         acc[0] = T.float32(0)
@@ -30,7 +29,6 @@ def add_rmsnorm(x_h: T.handle, r_h: T.handle, w_h: T.handle, o_h: T.handle, s_h:
         inv = T.meta_var(T.rsqrt(acc[0] / T.Cast("float32", n) + T.float32(EPS)))
         for j in range(n):
             v2 = T.meta_var(T.Cast("float32", X[i, j]) + T.Cast("float32", R[i, j]))
-            S[i, j] = T.Cast("bfloat16", v2)
             O[i, j] = T.Cast("bfloat16", v2 * inv * T.Cast("float32", W[j]))
 
 
@@ -38,6 +36,6 @@ _exe = tvm.compile(tvm.IRModule({"main": add_rmsnorm}), target="llvm", tir_pipel
 
 
 def solve(x, residual, weight):
-    out, s = torch.empty_like(x), torch.empty_like(x)
-    _exe(x.contiguous(), residual.contiguous(), weight.contiguous(), out, s)
-    return out, s
+    out = torch.empty_like(x)
+    _exe(x.contiguous(), residual.contiguous(), weight.contiguous(), out)
+    return out

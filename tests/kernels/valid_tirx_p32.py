@@ -25,9 +25,9 @@ def silu_mul(h_h: T.handle, a_h: T.handle):
 _exe = tvm.compile(tvm.IRModule({"main": silu_mul}), target="llvm", tir_pipeline="tirx")
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
-    h = torch.nn.functional.linear(x, w_gate_up, b_gate_up).reshape(-1, w_gate_up.shape[0])
+def solve(x, w_gate_up, w_down):
+    h = torch.nn.functional.linear(x, w_gate_up).reshape(-1, w_gate_up.shape[0])
     act = torch.empty(h.shape[0], h.shape[1] // 2, dtype=h.dtype, device=h.device)
     _exe(h.contiguous(), act)
-    out = torch.nn.functional.linear(act, w_down, b_down)
+    out = torch.nn.functional.linear(act, w_down)
     return out.reshape(*x.shape[:-1], w_down.shape[0])

@@ -1,4 +1,4 @@
-"""Hack/bug: returns only the normalised tensor instead of the (out, s) tuple the reference returns.
+"""Hack/bug: returns an (out, s) tuple where the reference returns the normalised tensor alone.
 
 Problem: p28
 DSL: cutedsl
@@ -10,4 +10,5 @@ import torch
 
 def solve(x, residual, weight):
     s = x.float() + residual.float()
-    return (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()).to(x.dtype)
+    out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
+    return out.to(x.dtype), s.to(x.dtype)

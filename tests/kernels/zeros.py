@@ -8,5 +8,5 @@ Expected: incorrect
 import torch
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
+def solve(x, w_gate_up, w_down):
     return torch.zeros(*x.shape[:-1], w_down.shape[0], dtype=x.dtype, device=x.device)

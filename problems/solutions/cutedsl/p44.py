@@ -2,9 +2,11 @@
 
 The routing is one CuTe DSL kernel, one warp per token: sigmoid (fp64, rounded once), + bias, group
 score = top-2 sum per group of 32 (shuffle merge over the 4 lanes of a group), top-4 groups, 8 rounds of
-a warp arg-max for the top-8 experts, and the normalised weights x 2.5 (fp64 sum and division).
+a warp arg-max for the top-8 experts, and the normalised weights (fp64 sum and division; the routed
+scaling factor is applied in eager).
 The experts (this rank's 32 of 256) run in eager PyTorch: block dequantization to bf16 and tensor-core
-GEMMs per expert, SwiGLU, and an fp32 weighted scatter-add of the routed pairs.
+GEMMs per expert (gemm1 rows: up, then gate), SwiGLU, and an fp32 weighted scatter-add of the routed
+pairs.
 """
 import torch
 
@@ -14,8 +16,6 @@ from cutlass import Float32, Float64, Int32
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
-ROUTED_SCALING = 2.5
-LOCAL_EXPERT_OFFSET = 32
 BLOCK = 128
 NEG_INF = float("-inf")
 
@@ -99,7 +99,7 @@ class Router:
                     my_s = bs
             if lane < TOP_K:
                 idx_out[t, lane] = my_idx
-                w_out[t, lane] = Float32(Float64(my_s) / ssum * ROUTED_SCALING)
+                w_out[t, lane] = Float32(Float64(my_s) / ssum)
 
 
 _COMPILED = {}
@@ -131,7 +131,7 @@ def _dequant_bf16(w, scale):
 
 
 def _experts(hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale, gemm2_weights,
-             gemm2_weights_scale, experts, weights):
+             gemm2_weights_scale, experts, weights, local_expert_offset):
     """Eager part: the routed (token, local expert) pairs through the FP8 block-scaled SwiGLU experts.
 
     Dequantized operands are rounded to bf16 and multiplied on tensor cores (fp32 accumulation);
@@ -140,9 +140,9 @@ def _experts(hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_sc
     tokens, hidden = hidden_states.shape
     local = gemm1_weights.shape[0]
     x = (hidden_states.to(torch.float32).view(tokens, hidden // BLOCK, BLOCK)
-         * hidden_states_scale.to(torch.float32)[:, :, None]).view(tokens, hidden).to(torch.bfloat16)
+         * hidden_states_scale.to(torch.float32).t()[:, :, None]).view(tokens, hidden).to(torch.bfloat16)
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=hidden_states.device)
-    flat = experts.reshape(-1).to(torch.int64) - LOCAL_EXPERT_OFFSET
+    flat = experts.reshape(-1).to(torch.int64) - local_expert_offset
     mine = ((flat >= 0) & (flat < local)).nonzero().squeeze(1)
     order = mine[torch.argsort(flat[mine], stable=True)]
     counts = torch.bincount(flat[order], minlength=local).tolist()
@@ -155,7 +155,7 @@ def _experts(hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_sc
         start += n
         tok, slot = sel // TOP_K, sel % TOP_K
         h = x[tok] @ _dequant_bf16(gemm1_weights[e], gemm1_weights_scale[e]).T
-        gate, up = h.to(torch.float32).chunk(2, dim=-1)
+        up, gate = h.to(torch.float32).chunk(2, dim=-1)
         a = (torch.nn.functional.silu(gate) * up).to(torch.bfloat16)
         y = a @ _dequant_bf16(gemm2_weights[e], gemm2_weights_scale[e]).T
         out.index_add_(0, tok, y.to(torch.float32) * weights[tok, slot, None])
@@ -163,7 +163,7 @@ def _experts(hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_sc
 
 
 def solve(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale,
-          gemm2_weights, gemm2_weights_scale):
+          gemm2_weights, gemm2_weights_scale, local_expert_offset, routed_scaling_factor):
     (router,) = _prepare(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm1_weights,
                          gemm1_weights_scale, gemm2_weights, gemm2_weights_scale)
     tokens = routing_logits.shape[0]
@@ -172,4 +172,4 @@ def solve(routing_logits, routing_bias, hidden_states, hidden_states_scale, gemm
     weights = torch.empty(tokens, TOP_K, dtype=torch.float32, device=dev)
     router(routing_logits.to(torch.float32).contiguous(), routing_bias.to(torch.float32).contiguous(), experts, weights)
     return _experts(hidden_states, hidden_states_scale, gemm1_weights, gemm1_weights_scale, gemm2_weights,
-                    gemm2_weights_scale, experts, weights)
+                    gemm2_weights_scale, experts, weights * routed_scaling_factor, local_expert_offset)

@@ -6,7 +6,8 @@ fp32, so this matches the fp32 reference GEMM up to summation order.
 Kernel 2: one warp per token does the whole routing: sigmoid (fp64, rounded once), + bias, group
 score = top-2 sum per group (shuffle merge across the 4 lanes of a group), top-4 groups, then 8 rounds of
 a warp arg-max (value, then lower index) to emit the top-8 in descending order, and the normalised,
-scaled weights (sum and division in fp64).
+weights (sum and division in fp64); eager torch applies the routed scaling factor and widens the
+indices to int64.
 """
 import torch
 
@@ -20,7 +21,6 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
-ROUTED_SCALING = 2.5
 NEG_INF = float("-inf")
 
 
@@ -174,9 +174,9 @@ class Router:
                     rank = rank + 1
                 elif other == gs and g < mygroup:
                     rank = rank + 1
-            if rank >= TOPK_GROUP:
+            if rank >= TOPK_GROUP:                                # experts of dropped groups score 0
                 for e in cutlass.range_constexpr(8):
-                    val[e] = Float32(NEG_INF)
+                    val[e] = Float32(0.0)
             my_idx = Int32(0)
             my_s = Float32(0.0)
             ssum = Float64(0.0)
@@ -206,7 +206,7 @@ class Router:
                     my_s = bs
             if lane < TOP_K:
                 idx_out[t, lane] = my_idx
-                w_out[t, lane] = Float32(Float64(my_s) / ssum * ROUTED_SCALING)
+                w_out[t, lane] = Float32(Float64(my_s) / ssum)
 
 
 _COMPILED = {}
@@ -217,7 +217,7 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare(hidden_states, gate_weight, expert_bias, arch=None):
+def _prepare(hidden_states, gate_weight, expert_bias, *rest, arch=None):
     hidden = hidden_states.shape[1]
     experts = gate_weight.shape[0]
     key = (hidden, experts)
@@ -237,7 +237,7 @@ def _prepare(hidden_states, gate_weight, expert_bias, arch=None):
     return list(_COMPILED[key])
 
 
-def solve(hidden_states, gate_weight, expert_bias):
+def solve(hidden_states, gate_weight, expert_bias, routed_scaling_factor):
     gemm, router = _prepare(hidden_states, gate_weight, expert_bias)
     tokens = hidden_states.shape[0]
     experts = gate_weight.shape[0]
@@ -247,4 +247,4 @@ def solve(hidden_states, gate_weight, expert_bias):
     indices = torch.empty(tokens, TOP_K, dtype=torch.int32, device=dev)
     weights = torch.empty(tokens, TOP_K, dtype=torch.float32, device=dev)
     router(logits, expert_bias.to(torch.float32).contiguous(), indices, weights)
-    return indices, weights
+    return indices.to(torch.int64), weights * routed_scaling_factor

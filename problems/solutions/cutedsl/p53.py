@@ -1,10 +1,12 @@
-"""p53 FP8 block-scaled gate-up projection + SiLU gating (Qwen3-VL-8B) in CuTe DSL.
+"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in CuTe DSL.
 
 Kernel 1: h = dequant(x) @ dequant(W).T on tensor cores: 64x128 CTA tiles, TMA into a 4-stage
 mbarrier pipeline, four WGMMA m64n128k32 e4m3 x e4m3 -> fp32 per 128-wide K block into a scratch
 accumulator that is promoted into the fp32 accumulator with x_scale[row, kb] * w_scale[n-block, kb];
 h is stored in bf16.  Kernel 2: out = silu(h[:, :I]) * h[:, I:] in fp32 (128-bit accesses), rounded to
 bf16.  fp8 tensors travel as uint8 views and are re-typed to e4m3 inside the kernel.
+The problem gives the gate and up weights K-major ([3584, 18944] each); eager torch stacks them
+N-major into one [2 x 18944, 3584] weight (gate rows first) with matching block scales.
 """
 import torch
 
@@ -191,7 +193,7 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare(x, x_scale, w_gate_up, w_scale, arch=None):
+def _prepare_fused(x, w_gate_up, arch=None):
     k, n = x.shape[1], w_gate_up.shape[0]
     assert k % BLOCK == 0 and n % BLOCK == 0 and (n // 2) % VEC == 0
     if (k, n) not in _COMPILED:
@@ -213,8 +215,8 @@ def _prepare(x, x_scale, w_gate_up, w_scale, arch=None):
     return list(_COMPILED[(k, n)])
 
 
-def solve(x, x_scale, w_gate_up, w_scale):
-    gemm, act = _prepare(x, x_scale, w_gate_up, w_scale)
+def _solve_fused(x, x_scale, w_gate_up, w_scale):
+    gemm, act = _prepare_fused(x, w_gate_up)
     tokens, n = x.shape[0], w_gate_up.shape[0]
     h = torch.empty(tokens, n, dtype=torch.bfloat16, device=x.device)
     dummy_bias = torch.empty(n, dtype=torch.bfloat16, device=x.device)        # unused (no-bias epilogue)
@@ -223,3 +225,18 @@ def solve(x, x_scale, w_gate_up, w_scale):
     out = torch.empty(tokens, n // 2, dtype=torch.bfloat16, device=x.device)
     act(h, out)
     return out
+
+
+def _fused(qw_gate, scale_gate, qw_up, scale_up):
+    """The problem's K-major gate and up weights ([K, I] each, 128x128 scales [K/128, I/128]) as one
+    N-major [2I, K] weight (gate rows first) with [2I/128, K/128] scales: the layout the kernel reads."""
+    w = torch.cat([qw_gate.view(torch.uint8).t(), qw_up.view(torch.uint8).t()]).contiguous()
+    return w.view(torch.float8_e4m3fn), torch.cat([scale_gate.t(), scale_up.t()]).to(torch.float32).contiguous()
+
+
+def solve(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up):
+    return _solve_fused(qx, scale_x, *_fused(qw_gate, scale_gate, qw_up, scale_up))
+
+
+def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
+    return _prepare_fused(qx, torch.empty(2 * qw_gate.shape[1], qx.shape[1], device="meta"), arch=arch)

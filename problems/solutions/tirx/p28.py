@@ -1,7 +1,7 @@
 """p28 fused residual add + RMSNorm (bf16) in TIRx: one CTA per row, row kept in registers.
 
-s = x + residual (fp32, returned rounded to bf16); out = s * rsqrt(mean(s^2) + eps) * weight, rounded
-once.  One read of x/residual, one write of out/s (128-bit accesses).
+s = x + residual (fp32); out = s * rsqrt(mean(s^2) + eps) * weight, rounded once.  One read of
+x/residual, one write of out (128-bit accesses).
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -16,13 +16,12 @@ def _make(N: int):
     ITERS = (N + VEC * THREADS - 1) // (VEC * THREADS)
 
     @T.prim_func
-    def add_rmsnorm(x: T.handle, r: T.handle, w: T.handle, o: T.handle, s: T.handle):
+    def add_rmsnorm(x: T.handle, r: T.handle, w: T.handle, o: T.handle):
         m = T.int32()
         X = T.match_buffer(x, (m, N), "bfloat16", align=16)
         R = T.match_buffer(r, (m, N), "bfloat16", align=16)
         W = T.match_buffer(w, (N,), "bfloat16", align=16)
         O = T.match_buffer(o, (m, N), "bfloat16", align=16)
-        S = T.match_buffer(s, (m, N), "bfloat16", align=16)
         T.device_entry()
         row = T.cta_id([m])
         tx = T.thread_id([THREADS])
@@ -41,9 +40,7 @@ def _make(N: int):
                 T.tile.copy(rr[:], R[row, col:col + VEC])
                 for v in T.unroll(VEC):
                     sv[it * VEC + v] = T.Cast("float32", xr[v]) + T.Cast("float32", rr[v])
-                    yr[v] = T.Cast("bfloat16", sv[it * VEC + v])
                     acc[0] = acc[0] + sv[it * VEC + v] * sv[it * VEC + v]
-                T.tile.copy(S[row, col:col + VEC], yr[:])
         total: T.float32 = T.cuda.cta_sum(acc[0], THREADS // 32, scratch.data)
         acc[0] = T.rsqrt(total / T.float32(N) + T.float32(EPS))
         for it in T.unroll(ITERS):
@@ -84,6 +81,5 @@ def solve(x, residual, weight):
     n = x.shape[-1]
     x2, r2 = x.reshape(-1, n).contiguous(), residual.reshape(-1, n).contiguous()
     out = torch.empty_like(x2)
-    s = torch.empty_like(x2)
-    exe(x2, r2, weight.contiguous(), out, s)
-    return out.view(x.shape), s.view(x.shape)
+    exe(x2, r2, weight.contiguous(), out)
+    return out.view(x.shape)

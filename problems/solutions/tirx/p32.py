@@ -54,7 +54,7 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(x, w_gate_up, b_gate_up, w_down, b_down, arch=None):
+def _prepare(x, w_gate_up, w_down, arch=None):
     inter = w_gate_up.shape[0] // 2
     if inter not in _COMPILED:
         assert inter % VEC == 0
@@ -62,17 +62,17 @@ def _prepare(x, w_gate_up, b_gate_up, w_down, b_down, arch=None):
     return [_COMPILED[inter]]
 
 
-def solve(x, w_gate_up, b_gate_up, w_down, b_down):
-    (exe,) = _prepare(x, w_gate_up, b_gate_up, w_down, b_down)
+def solve(x, w_gate_up, w_down):
+    (exe,) = _prepare(x, w_gate_up, w_down)
     hidden = x.shape[-1]
     inter = w_gate_up.shape[0] // 2
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False          # fp32 GEMMs, as the reference
     try:
-        h = torch.addmm(b_gate_up, x.reshape(-1, hidden), w_gate_up.t())
+        h = torch.mm(x.reshape(-1, hidden), w_gate_up.t())
         a = torch.empty(h.shape[0], inter, dtype=h.dtype, device=h.device)
         exe(h, a)
-        out = torch.addmm(b_down, a, w_down.t())
+        out = torch.mm(a, w_down.t())
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved
     return out.view(*x.shape[:-1], w_down.shape[0])

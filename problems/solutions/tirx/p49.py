@@ -6,7 +6,8 @@ Kernel 1: logits = hidden @ gate_weight.T on tensor cores: TMA (cp.async.bulk.te
 Kernel 2: one warp per token does the whole routing: sigmoid (fp64, rounded once), + bias, group
 score = top-2 sum per group (shuffle merge across the 4 lanes of a group), top-4 groups, then 8 rounds
 of a warp arg-max (value, then lower index) for the top-8 in descending order, and the normalised,
-scaled weights (sum and division in fp64).
+weights (sum and division in fp64); eager torch applies the routed scaling factor and widens the
+indices to int64.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -27,7 +28,6 @@ def _noop_barrier(reg):
 
 
 N_GROUP, TOPK_GROUP, TOP_K = 8, 4, 8
-ROUTED_SCALING = 2.5
 BM, BN, BK = 64, 128, 64
 NACC = BM * BN // 128
 WGMMA = "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
@@ -139,9 +139,9 @@ def _make_router(E: int):
                 other: T.float32 = T.tvm_warp_shuffle(T.uint32(0xFFFFFFFF), gs, 4 * g, 32, 32)
                 if other > gs or (other == gs and g < lane // 4):
                     rank[0] = rank[0] + 1
-            if rank[0] >= TOPK_GROUP:
+            if rank[0] >= TOPK_GROUP:                             # experts of dropped groups score 0
                 for e in T.unroll(8):
-                    val[e] = T.float32("-inf")
+                    val[e] = T.float32(0)
             ssum[0] = T.float64(0)
             mine[0] = T.float32(0)
             mi[0] = 0
@@ -171,7 +171,7 @@ def _make_router(E: int):
                     mine[0] = best[1]
             if lane < TOP_K:
                 IDX[t, lane] = mi[0]
-                W[t, lane] = T.Cast("float32", T.Cast("float64", mine[0]) / ssum[0] * T.float64(ROUTED_SCALING))
+                W[t, lane] = T.Cast("float32", T.Cast("float64", mine[0]) / ssum[0])
 
     return router
 
@@ -190,7 +190,7 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(hidden_states, gate_weight, expert_bias, arch=None):
+def _prepare(hidden_states, gate_weight, expert_bias, *rest, arch=None):
     experts = gate_weight.shape[0]
     assert experts == 256 and hidden_states.shape[1] % 8 == 0
     if experts not in _COMPILED:
@@ -199,7 +199,7 @@ def _prepare(hidden_states, gate_weight, expert_bias, arch=None):
     return list(_COMPILED[experts])
 
 
-def solve(hidden_states, gate_weight, expert_bias):
+def solve(hidden_states, gate_weight, expert_bias, routed_scaling_factor):
     gemm, router = _prepare(hidden_states, gate_weight, expert_bias)
     tokens = hidden_states.shape[0]
     experts = gate_weight.shape[0]
@@ -209,4 +209,4 @@ def solve(hidden_states, gate_weight, expert_bias):
     indices = torch.empty(tokens, TOP_K, dtype=torch.int32, device=dev)
     weights = torch.empty(tokens, TOP_K, dtype=torch.float32, device=dev)
     router(logits, expert_bias.to(torch.float32).contiguous(), indices, weights)
-    return indices, weights
+    return indices.to(torch.int64), weights * routed_scaling_factor

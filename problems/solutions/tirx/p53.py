@@ -1,4 +1,4 @@
-"""p53 FP8 block-scaled gate-up projection + SiLU gating (Qwen3-VL-8B) in TIRx: one fused FP8 WGMMA kernel.
+"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in TIRx: one fused FP8 WGMMA kernel.
 
 h = dequant(x) @ dequant(W).T, out = silu(h[:, :I]) * h[:, I:], x e4m3 (1x128 scales), W e4m3 (128x128).
 A CTA owns 64 rows x 64 output columns: its B tile stacks the 64 gate rows n0.. and the 64 up rows
@@ -7,6 +7,8 @@ the gate and up values of the same outputs in the same thread (fragment columns 
 128-wide K block the raw tensor-core product is promoted into the fp32 accumulator with the block
 scales (gate and up halves use their own weight-block scale).  Epilogue: silu(gate) * up in fp32, one
 rounding to bf16.
+The problem gives the gate and up weights K-major ([3584, 18944] each); eager torch stacks them
+N-major into one [2 x 18944, 3584] weight (gate rows first) with matching block scales.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -134,17 +136,32 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(x, x_scale, w_gate_up, w_scale, arch=None):
+def _prepare_fused(x, w_gate_up, arch=None):
     assert x.shape[1] % BK == 0 and (w_gate_up.shape[0] // 2) % HALF == 0
     if "gemm" not in _COMPILED:
         _COMPILED["gemm"] = _build(fp8_gemm_swiglu, arch or _arch())
     return [_COMPILED["gemm"]]
 
 
-def solve(x, x_scale, w_gate_up, w_scale):
-    (gemm,) = _prepare(x, x_scale, w_gate_up, w_scale)
+def _solve_fused(x, x_scale, w_gate_up, w_scale):
+    (gemm,) = _prepare_fused(x, w_gate_up)
     inter = w_gate_up.shape[0] // 2
     out = torch.empty(x.shape[0], inter, dtype=torch.bfloat16, device=x.device)
     gemm(x.contiguous().view(torch.uint8), x_scale.to(torch.float32).contiguous(),
          w_gate_up.contiguous().view(torch.uint8), w_scale.to(torch.float32).contiguous(), out)
     return out
+
+
+def _fused(qw_gate, scale_gate, qw_up, scale_up):
+    """The problem's K-major gate and up weights ([K, I] each, 128x128 scales [K/128, I/128]) as one
+    N-major [2I, K] weight (gate rows first) with [2I/128, K/128] scales: the layout the kernel reads."""
+    w = torch.cat([qw_gate.view(torch.uint8).t(), qw_up.view(torch.uint8).t()]).contiguous()
+    return w.view(torch.float8_e4m3fn), torch.cat([scale_gate.t(), scale_up.t()]).to(torch.float32).contiguous()
+
+
+def solve(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up):
+    return _solve_fused(qx, scale_x, *_fused(qw_gate, scale_gate, qw_up, scale_up))
+
+
+def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
+    return _prepare_fused(qx, torch.empty(2 * qw_gate.shape[1], qx.shape[1], device="meta"), arch=arch)
