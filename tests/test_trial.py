@@ -30,7 +30,7 @@ from mkb.trial import fingerprint_parts
 EXPECTED_SANDBOX = "subprocess" if bwrap_problem() else "bwrap"
 REPO = Path(__file__).resolve().parent.parent
 P28 = resolve("p28", catalog_for(REPO / "problems"))
-GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x, residual\n"
+GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x\n"
 SKILL = "Memory-bound row reduction: one pass over each row, keep the sum of squares in fp32.\n"
 MODEL = "openai/gpt-x"
 
