@@ -156,3 +156,81 @@ def test_qa_checks_decision_margin(tmp_path):
     extra = "\nMARGIN = 10.0\nEXACT = True\n\ndef decision_margin(x):\n    return float(x.abs().min())\n"
     report = check_problem(_toy(tmp_path, "    return torch.argsort(x)", extra))
     assert "margin" in _failed(report)
+
+
+INPLACE = '''\
+"""Append rows of x at the given slots of a cache, in place."""
+# Source: a toy in-place problem for tests; a cache of 8 x 4 fp32 rows, 3 new rows, redrawn per draw.
+import torch
+
+DTYPE = "fp32"
+SOL = {"flops": 0, "bytes": 2 * 4 * 3 * 4}
+MUTATES = ("cache",)
+
+
+def make_inputs(device="cuda", scale="full"):
+    return [torch.randn(8, 4, device=device), torch.randn(3, 4, device=device), torch.randperm(8, device=device)[:3]]
+
+
+def reference(cache, x, slots):
+    cache[slots] = 2 * x
+    return None
+'''
+
+
+def test_mutates_is_parsed_as_names(tmp_path):
+    info = problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", INPLACE))
+    assert info.mutates == ("cache",)
+    assert problems.parse_problem(write(tmp_path, "mlp_norm/30_toy.py", GOOD)).mutates == ()
+
+
+@pytest.mark.parametrize("literal, message", [
+    ('"cache"', "literal tuple"),
+    ('["cache"]', "literal tuple"),
+    ("()", "literal tuple"),
+    ('("cache", 3)', "literal tuple"),
+    ('("kv_cache",)', "'kv_cache', which is not a parameter of reference"),
+    ('("cache", "cache")', "twice"),
+    ("(NAME,)", "MUTATES must be a literal"),
+])
+def test_malformed_mutates_is_rejected(tmp_path, literal, message):
+    text = INPLACE.replace('MUTATES = ("cache",)', f"MUTATES = {literal}")
+    with pytest.raises(ProblemFormatError, match=message):
+        problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", text))
+
+
+def _inplace_toy(tmp_path, body: str) -> problems.ProblemInfo:
+    text = INPLACE.replace("    cache[slots] = 2 * x\n    return None\n", body)
+    return problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", text))
+
+
+def test_qa_passes_an_in_place_problem(tmp_path):
+    from mkb.qa import check_problem
+
+    report = check_problem(_inplace_toy(tmp_path, "    cache[slots] = 2 * x\n    return None\n"))
+    assert report.ok, report.checks
+    assert {"inplace_changed", "inplace_sensitivity", "no_alias"} <= {c.name for c in report.checks}
+    assert report.outputs == {"type": "NoneType"}
+
+
+@pytest.mark.parametrize("body, failed", [
+    ("    cache.clone()[slots] = 2 * x\n    return None\n", {"inplace_changed"}),
+    ("    cache[:3] = 2 * cache[3:6]\n    return None\n", {"inplace_sensitivity"}),
+    ("    cache[slots] = 2 * x\n    return cache\n", {"no_alias"}),
+    ("    cache[slots] = 2 * x\n    return cache[0]\n", {"no_alias"}),
+    ("    cache[slots] = 2 * x\n    x.zero_()\n    return None\n", {"no_mutation"}),
+    ("    cache[slots] = 2 * x\n    return x + 1\n", set()),
+])
+def test_qa_catches_ill_posed_in_place_problems(tmp_path, body, failed):
+    from mkb.qa import check_problem
+
+    report = check_problem(_inplace_toy(tmp_path, body))
+    assert report.ok == (not failed), report.checks
+    assert failed <= _failed(report)
+
+
+def test_qa_rejects_none_without_mutates(tmp_path):
+    from mkb.qa import check_problem
+
+    report = check_problem(_toy(tmp_path, "    return None"))
+    assert "structure" in _failed(report)
