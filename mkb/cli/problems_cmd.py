@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -202,6 +203,30 @@ def problems_stats(ctx, json_=False, csv_=False):
             "eager_ms_min": min(times, default=None), "eager_ms_max": max(times, default=None),
             "eager_measured": len(times)})
     emit(rows, json_, csv_, title=f"{len(cat)} problems by family")
+
+
+@problems.command(name="fidelity")
+@click.option("--check", is_flag=True, help="Only check; exit 1 when docs/fidelity.md is out of date.")
+@click.pass_context
+def problems_fidelity(ctx, check):
+    """Check problems/fidelity/*.toml against the catalog (one row per problem) and write docs/fidelity.md.
+
+    Example:
+
+    \b
+        mkb problems fidelity
+        mkb problems fidelity --check
+    """
+    from mkb import fidelity
+
+    settings, cat = _catalog(ctx)
+    doc = Path(settings.problems_dir).parent / "docs" / "fidelity.md"
+    stale = fidelity.sync(settings.problems_dir, cat, doc, write=not check)
+    fidelity.require_complete(fidelity.load_rows(settings.problems_dir), cat)
+    if check and stale:
+        console.print(f"[red]out of date: {doc}[/]. Run 'mkb problems fidelity' to rewrite it.")
+        sys.exit(1)
+    console.print(f"{'rewrote' if stale else 'up to date'}: {doc} ({len(cat)} problems)")
 
 
 def register(main: click.Group) -> None:
