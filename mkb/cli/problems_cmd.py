@@ -22,7 +22,7 @@ def _row(p) -> dict:
     return {"id": p.id, "number": p.number, "name": p.name, "family": p.family, "dtype": p.dtype,
             "source": p.source.splitlines()[0] if p.source else "", "description": p.description,
             "dsl_variants": [str(d) for d in DSLS], "sol_flops": p.sol_flops, "sol_bytes": p.sol_bytes,
-            "exact": p.exact, "fingerprint": p.fingerprint}
+            "exact": p.exact, "mutates": list(p.mutates), "fingerprint": p.fingerprint}
 
 
 @click.group(name="problems", invoke_without_command=True)
@@ -111,7 +111,8 @@ def problems_show(ctx, problem_id, json_=False, csv_=False):
     console.print(info.description)
     console.print(f"[dim]{info.source}[/]")
     console.print(f"inputs ({scale} scale): " + ", ".join(_fmt_struct(d) for d in (ins or {}).get("items", [])))
-    console.print(f"outputs ({scale} scale): {_fmt_struct(outs)}")
+    console.print(f"outputs ({scale} scale): {_fmt_struct(outs)}"
+                  + (f"; updated in place: {', '.join(info.mutates)}" if info.mutates else ""))
     console.print(f"SOL: {info.sol_flops:.4g} FLOP, {info.sol_bytes:.4g} bytes"
                   + (", exact outputs" if info.exact else "") + f"; fingerprint {info.fingerprint[:12]}")
     click.echo(f"{info.id}\t{info.name}")
