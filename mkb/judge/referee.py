@@ -91,6 +91,8 @@ class Transport:
 
     def restore(self, tree: dict, tensors: list, pristine: list, positions: list[int]) -> None:
         """Put the shared inputs at `positions` back to their pristine bytes (the candidate maps the same memory)."""
+        if not positions:
+            return
         shared = wire.decode(tree, wire.open_file_leaf) if self.device == "cpu" else tensors
         for i in positions:
             shared[i].copy_(pristine[i])
@@ -344,8 +346,8 @@ class Referee:
                                     "error": reply.get("error")}
         if not reply.get("ok") or not reply.get("copied"):
             return True  # without the DSL calls solve() failed outright: its result depends on them
-        out = (self.transport.read(slot_tree, slots, self.place), self.updated(self.read_inputs(tree, inputs)))
-        return checks.changed(out, out0)
+        updated = self.updated(self.read_inputs(tree, inputs)) if self.positions else ()
+        return checks.changed((self.transport.read(slot_tree, slots, self.place), updated), out0)
 
     def report(self) -> dict:
         reply = self.ask({"cmd": "report"})
