@@ -33,7 +33,8 @@ ON_GPU = {
     "nan_output": "incorrect", "runtime_error": "runtime_error", "import_error": "import_error",
     "crash_segfault": "crashed", "os_exit": "crashed", "hang": "timeout", "huge_output": "policy_violation",
     "timer_patch_hidden": "policy_violation", "valid_torch_p28": "policy_violation",
-    "reference_call": "policy_violation",
+    "reference_call": "policy_violation", "inplace_wrong_slot": "incorrect", "inplace_skipped": "incorrect",
+    "inplace_moves_source": "incorrect", "inplace_returns_copy": "wrong_structure",
 }
 """CPU fixtures graded on the GPU as cutedsl kernels, with the status each must get there (torch-only
 kernels have no DSL kernel on a GPU, so they are policy violations there)."""
