@@ -106,7 +106,7 @@ def parse_problem(path: Path) -> ProblemInfo:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             key = node.targets[0].id
-            if key in {"DTYPE", "SOL", "EXACT", "MARGIN", "TOLERANCE"}:
+            if key in {"DTYPE", "SOL", "EXACT", "MARGIN", "TOLERANCE", "MUTATES"}:
                 try:
                     meta[key] = _literal(node.value)
                 except (ValueError, TypeError, SyntaxError):
@@ -122,13 +122,42 @@ def parse_problem(path: Path) -> ProblemInfo:
         raise ProblemFormatError(f"{where}: TOLERANCE must be {{'factor': x, 'reason': '...'}}")
     if "MARGIN" in meta and "decision_margin" not in functions:
         raise ProblemFormatError(f"{where}: MARGIN needs a decision_margin(*inputs) function")
+    mutates = _mutates(where, tree, meta, functions["reference"])
     return ProblemInfo(
         number=number, name=name, family=family, path=str(path), description=doc.strip(),
         source=source, dtype=meta["DTYPE"], sol_flops=float(sol["flops"]), sol_bytes=float(sol["bytes"]),
         exact=bool(meta.get("EXACT", False)), margin=meta.get("MARGIN"),
         tolerance_factor=float(tolerance.get("factor", 3.0)), tolerance_reason=tolerance.get("reason"),
-        fingerprint=hashlib.sha256(data).hexdigest(),
+        mutates=mutates, fingerprint=hashlib.sha256(data).hexdigest(),
     )
+
+
+def _mutates(where: str, tree: ast.Module, meta: dict, reference: ast.FunctionDef) -> tuple[str, ...]:
+    """The MUTATES names: a literal tuple of distinct reference parameter names (CONTRACT.md rule 8)."""
+    if "MUTATES" not in meta:
+        return ()
+    node = next(n.value for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "MUTATES")
+    names = meta["MUTATES"]
+    if not (isinstance(node, ast.Tuple) and names and all(isinstance(n, str) for n in names)):
+        raise ProblemFormatError(f"{where}: MUTATES must be a literal tuple of parameter names, "
+                                 f"e.g. (\"k_cache\", \"v_cache\")")
+    params = [a.arg for a in reference.args.posonlyargs + reference.args.args]
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise ProblemFormatError(f"{where}: MUTATES names {unknown[0]!r}, which is not a parameter of "
+                                 f"reference({', '.join(params)})")
+    if len(set(names)) != len(names):
+        raise ProblemFormatError(f"{where}: MUTATES names a parameter twice")
+    return tuple(names)
+
+
+def mutated_positions(info: ProblemInfo, reference) -> list[tuple[int, str]]:
+    """(position, name) of each MUTATES input, in MUTATES order, from reference's signature."""
+    import inspect
+
+    params = list(inspect.signature(reference).parameters)
+    return [(params.index(name), name) for name in info.mutates]
 
 
 def problem_files(problems_dir: Path) -> list[Path]:

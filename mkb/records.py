@@ -163,6 +163,8 @@ class ProblemInfo(Record):
     """Multiplier on the reference-error allowance (DESIGN §5 uses 3)."""
     tolerance_reason: str | None = None
     """Why the factor differs from 3, when it does."""
+    mutates: tuple[str, ...] = ()
+    """Names of reference's parameters it updates in place (MUTATES): graded after the call."""
     fingerprint: str
     """sha256 of the problem file's bytes."""
 

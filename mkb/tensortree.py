@@ -35,6 +35,9 @@ def describe(obj: Any) -> Any:
 
 def structure_mismatch(out: Any, ref: Any, path: str = "out") -> str | None:
     """The first place where out's structure differs from ref's, or None when they match."""
+    if ref is None:  # a problem whose only outputs are in place (MUTATES) returns None
+        return None if out is None else (f"{path}: expected None (the outputs are updated in place), "
+                                         f"got {type(out).__name__}")
     if isinstance(ref, (tuple, list)):
         if type(out) is not type(ref):
             return f"{path}: expected a {type(ref).__name__}, got {type(out).__name__}"

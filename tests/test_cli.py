@@ -95,6 +95,23 @@ def test_problems_stats_counts_families():
     assert sum(r["count"] for r in rows) == len(CATALOG)
 
 
+def test_problems_fidelity_writes_the_document_and_checks_it(tmp_path, monkeypatch):
+    problems = tmp_path / "problems"
+    (problems / "kv_cache").mkdir(parents=True)
+    (problems / "fidelity").mkdir()
+    source = next(p for p in CATALOG if p.id == "p23")
+    (problems / "kv_cache" / Path(source.path).name).write_bytes(Path(source.path).read_bytes())
+    monkeypatch.setenv("MKB_PROBLEMS_DIR", str(problems))
+    stale = run("problems", "fidelity", "--check")
+    assert stale.exit_code == 1 and "no row for p23" in stale.stderr
+    (problems / "fidelity" / "kv_cache.toml").write_text(
+        '[p23]\noriginal = "problems/kv_cache/23_x.py"\nverdict = "same"\ndiffers = ""\nwhy = ""\n')
+    assert run("problems", "fidelity", "--check").exit_code == 1
+    assert run("problems", "fidelity").exit_code == 0
+    assert "| p23 | `mla_cache_gather_dequantize` | `23_x.py` | same |" in (tmp_path / "docs" / "fidelity.md").read_text()
+    assert run("problems", "fidelity", "--check").exit_code == 0
+
+
 def test_db_init_path_and_query(mkb_home, tmp_path):
     db = tmp_path / "x.duckdb"
     assert run("--db", str(db), "db", "path").stdout.strip() == str(db)

@@ -23,11 +23,16 @@ ON_GPU = {
     "import_error": Status.IMPORT_ERROR, "crash_segfault": Status.CRASHED, "os_exit": Status.CRASHED,
     "hang": Status.TIMEOUT, "huge_output": Status.POLICY_VIOLATION, "timer_patch_hidden": Status.POLICY_VIOLATION,
     "valid_torch_p28": Status.POLICY_VIOLATION, "reference_call": Status.POLICY_VIOLATION,
+    "inplace_wrong_slot": Status.INCORRECT, "inplace_skipped": Status.INCORRECT,
+    "inplace_moves_source": Status.INCORRECT, "inplace_returns_copy": Status.WRONG_STRUCTURE,
 }
 """CPU fixtures graded on the GPU as kernels of their DSL (CuTe DSL unless TIRx), with the status each must get
 there: a torch-only kernel launches no DSL kernel on a GPU, so it is a policy violation there."""
+GPU_HACKS = tuple(sorted(p.stem for p in KERNELS.glob("gpu_*.py") if p.stem not in VALID))
+"""GPU-only hack fixtures (tests/kernels/gpu_*.py): each names its expected status in its docstring."""
 CASES = ([pytest.param(name, "full", timing, id=f"{name}-full-{timing}") for timing in ("paper", "flushed")
           for name in VALID]
+         + [pytest.param(name, "smoke", "paper", id=f"{name}-gpu-hack") for name in GPU_HACKS]
          + [pytest.param(name, "smoke", "paper", id=f"{name}-on-gpu") for name in ON_GPU])
 
 

@@ -156,3 +156,168 @@ def test_qa_checks_decision_margin(tmp_path):
     extra = "\nMARGIN = 10.0\nEXACT = True\n\ndef decision_margin(x):\n    return float(x.abs().min())\n"
     report = check_problem(_toy(tmp_path, "    return torch.argsort(x)", extra))
     assert "margin" in _failed(report)
+
+
+INPLACE = '''\
+"""Append rows of x at the given slots of a cache, in place."""
+# Source: a toy in-place problem for tests; a cache of 8 x 4 fp32 rows, 3 new rows, redrawn per draw.
+import torch
+
+DTYPE = "fp32"
+SOL = {"flops": 0, "bytes": 2 * 4 * 3 * 4}
+MUTATES = ("cache",)
+
+
+def make_inputs(device="cuda", scale="full"):
+    return [torch.randn(8, 4, device=device), torch.randn(3, 4, device=device), torch.randperm(8, device=device)[:3]]
+
+
+def reference(cache, x, slots):
+    cache[slots] = 2 * x
+    return None
+'''
+
+
+def test_mutates_is_parsed_as_names(tmp_path):
+    info = problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", INPLACE))
+    assert info.mutates == ("cache",)
+    assert problems.parse_problem(write(tmp_path, "mlp_norm/30_toy.py", GOOD)).mutates == ()
+
+
+@pytest.mark.parametrize("literal, message", [
+    ('"cache"', "literal tuple"),
+    ('["cache"]', "literal tuple"),
+    ("()", "literal tuple"),
+    ('("cache", 3)', "literal tuple"),
+    ('("kv_cache",)', "'kv_cache', which is not a parameter of reference"),
+    ('("cache", "cache")', "twice"),
+    ("(NAME,)", "MUTATES must be a literal"),
+])
+def test_malformed_mutates_is_rejected(tmp_path, literal, message):
+    text = INPLACE.replace('MUTATES = ("cache",)', f"MUTATES = {literal}")
+    with pytest.raises(ProblemFormatError, match=message):
+        problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", text))
+
+
+def _inplace_toy(tmp_path, body: str) -> problems.ProblemInfo:
+    text = INPLACE.replace("    cache[slots] = 2 * x\n    return None\n", body)
+    return problems.parse_problem(write(tmp_path, "kv_cache/25_toy_append.py", text))
+
+
+def test_qa_passes_an_in_place_problem(tmp_path):
+    from mkb.qa import check_problem
+
+    report = check_problem(_inplace_toy(tmp_path, "    cache[slots] = 2 * x\n    return None\n"))
+    assert report.ok, report.checks
+    assert {"inplace_changed", "inplace_sensitivity", "no_alias"} <= {c.name for c in report.checks}
+    assert report.outputs == {"type": "NoneType"}
+
+
+@pytest.mark.parametrize("body, failed", [
+    ("    cache.clone()[slots] = 2 * x\n    return None\n", {"inplace_changed"}),
+    ("    cache[:3] = 2 * cache[3:6]\n    return None\n", {"inplace_sensitivity"}),
+    ("    cache[slots] = 2 * x\n    return cache\n", {"no_alias"}),
+    ("    cache[slots] = 2 * x\n    return cache[0]\n", {"no_alias"}),
+    ("    cache[slots] = 2 * x\n    x.zero_()\n    return None\n", {"no_mutation"}),
+    ("    cache[slots] = 2 * x\n    return x + 1\n", set()),
+])
+def test_qa_catches_ill_posed_in_place_problems(tmp_path, body, failed):
+    from mkb.qa import check_problem
+
+    report = check_problem(_inplace_toy(tmp_path, body))
+    assert report.ok == (not failed), report.checks
+    assert failed <= _failed(report)
+
+
+def test_qa_rejects_none_without_mutates(tmp_path):
+    from mkb.qa import check_problem
+
+    report = check_problem(_toy(tmp_path, "    return None"))
+    assert "structure" in _failed(report)
+
+
+# -- fidelity tables (problems/fidelity/<family>.toml -> docs/fidelity.md) --------------------------
+
+ROW = '''
+[p30]
+original = "problems/mlp_norm/30_toy_fp32.py"
+verdict = "minor"
+differs = "the toy adds one"
+why = "a test"
+'''
+
+
+def _fidelity(tmp_path, family: str, text: str):
+    from mkb import fidelity
+
+    write(tmp_path, f"fidelity/{family}.toml", text)
+    return fidelity.load_rows(tmp_path)
+
+
+def test_fidelity_rows_load_and_render(tmp_path):
+    from mkb import fidelity
+
+    catalog = [problems.parse_problem(write(tmp_path, "mlp_norm/30_toy.py", GOOD))]
+    rows = _fidelity(tmp_path, "mlp_norm", ROW)
+    assert [(r.slot, r.family, r.verdict) for r in rows] == [("p30", "mlp_norm", "minor")]
+    fidelity.require_complete(rows, catalog)
+    text = fidelity.render(rows, catalog)
+    assert "| p30 | `toy` | `30_toy_fp32.py` | minor | the toy adds one | a test |" in text
+    assert "Verdicts: 0 same, 1 minor, 0 deviation." in text
+    doc = tmp_path / "docs" / "fidelity.md"
+    assert fidelity.sync(tmp_path, catalog, doc) is True
+    assert fidelity.sync(tmp_path, catalog, doc, write=False) is False
+
+
+@pytest.mark.parametrize("family, text, message", [
+    ("misc", ROW, "name the file after a family"),
+    ("mlp_norm", ROW.replace('"minor"', '"close"'), "verdict must be one of same, minor, deviation"),
+    ("mlp_norm", ROW.replace('why = "a test"', 'why = ""'), "needs both differs and why"),
+    ("mlp_norm", ROW.replace('"minor"', '"same"'), "a 'same' row has empty differs and why"),
+    ("mlp_norm", ROW.replace("[p30]", "[30]"), "must be a table named like"),
+    ("mlp_norm", ROW + 'extra = "x"\n', "unknown keys"),
+    ("mlp_norm", ROW.replace('"problems/mlp_norm/30_toy_fp32.py"', '"30_toy.py"'), "path in the original"),
+    ("mlp_norm", ROW.replace("verdict =", "verdict"), "not valid TOML"),
+])
+def test_malformed_fidelity_rows_are_rejected(tmp_path, family, text, message):
+    with pytest.raises(ProblemFormatError, match=message):
+        _fidelity(tmp_path, family, text)
+
+
+def test_fidelity_rows_must_match_the_catalog_one_to_one(tmp_path):
+    from mkb import fidelity
+
+    catalog = [problems.parse_problem(write(tmp_path, "mlp_norm/30_toy.py", GOOD)),
+               problems.parse_problem(write(tmp_path, "mlp_norm/31_toy_two.py", GOOD))]
+    rows = _fidelity(tmp_path, "mlp_norm", ROW)
+    with pytest.raises(ProblemFormatError, match="no row for p31"):
+        fidelity.require_complete(rows, catalog)
+    assert fidelity.missing(rows, catalog) == ["p31"]
+    (tmp_path / "fidelity" / "mlp_norm.toml").unlink()
+    with pytest.raises(ProblemFormatError, match=r"\[p30\] belongs in mlp_norm.toml"):
+        fidelity.check_rows(_fidelity(tmp_path, "moe", ROW), catalog)
+    (tmp_path / "fidelity" / "moe.toml").unlink()
+    with pytest.raises(ProblemFormatError, match=r"\[p32\] names no problem"):
+        fidelity.check_rows(_fidelity(tmp_path, "mlp_norm", ROW.replace("p30", "p32")), catalog)
+    twice = [*rows, rows[0]]
+    with pytest.raises(ProblemFormatError, match="appears twice"):
+        fidelity.check_rows(twice, catalog)
+
+
+def test_fidelity_doc_is_current():
+    from mkb import fidelity
+
+    catalog = problems.load_catalog(REPO_PROBLEMS)
+    doc = REPO_PROBLEMS.parent / "docs" / "fidelity.md"
+    assert not fidelity.sync(REPO_PROBLEMS, catalog, doc, write=False), "run 'mkb problems fidelity' to regenerate"
+
+
+_TABLES_MISSING = [f for f in problems.FAMILIES if not (REPO_PROBLEMS / "fidelity" / f"{f}.toml").exists()]
+
+
+@pytest.mark.xfail(bool(_TABLES_MISSING), strict=True,
+                   reason=f"fidelity tables not merged yet: {', '.join(_TABLES_MISSING)} (issue #19, h19b's families)")
+def test_every_problem_has_exactly_one_fidelity_row():
+    from mkb import fidelity
+
+    fidelity.require_complete(fidelity.load_rows(REPO_PROBLEMS), problems.load_catalog(REPO_PROBLEMS))

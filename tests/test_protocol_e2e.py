@@ -32,11 +32,9 @@ def solve(x, residual, weight):
 ''',
     "p25": '''import torch
 
-def solve(key_cache, value_cache, block_mapping):
-    k, v = key_cache.clone(), value_cache.clone()
-    k[block_mapping[:, 1]] = key_cache[block_mapping[:, 0]]
-    v[block_mapping[:, 1]] = value_cache[block_mapping[:, 0]]
-    return k, v
+def solve(src_k, src_v, dst_k, dst_v, block_mapping):
+    dst_k[block_mapping[:, 1]] = src_k[block_mapping[:, 0]]
+    dst_v[block_mapping[:, 1]] = src_v[block_mapping[:, 0]]
 ''',
 }
 PROBLEMS = "p25,p28"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
@@ -21,7 +22,7 @@ def _row(p) -> dict:
     return {"id": p.id, "number": p.number, "name": p.name, "family": p.family, "dtype": p.dtype,
             "source": p.source.splitlines()[0] if p.source else "", "description": p.description,
             "dsl_variants": [str(d) for d in DSLS], "sol_flops": p.sol_flops, "sol_bytes": p.sol_bytes,
-            "exact": p.exact, "fingerprint": p.fingerprint}
+            "exact": p.exact, "mutates": list(p.mutates), "fingerprint": p.fingerprint}
 
 
 @click.group(name="problems", invoke_without_command=True)
@@ -110,7 +111,8 @@ def problems_show(ctx, problem_id, json_=False, csv_=False):
     console.print(info.description)
     console.print(f"[dim]{info.source}[/]")
     console.print(f"inputs ({scale} scale): " + ", ".join(_fmt_struct(d) for d in (ins or {}).get("items", [])))
-    console.print(f"outputs ({scale} scale): {_fmt_struct(outs)}")
+    console.print(f"outputs ({scale} scale): {_fmt_struct(outs)}"
+                  + (f"; updated in place: {', '.join(info.mutates)}" if info.mutates else ""))
     console.print(f"SOL: {info.sol_flops:.4g} FLOP, {info.sol_bytes:.4g} bytes"
                   + (", exact outputs" if info.exact else "") + f"; fingerprint {info.fingerprint[:12]}")
     click.echo(f"{info.id}\t{info.name}")
@@ -197,6 +199,30 @@ def problems_stats(ctx, json_=False, csv_=False):
             "eager_ms_min": min(times, default=None), "eager_ms_max": max(times, default=None),
             "eager_measured": len(times)})
     emit(rows, json_, csv_, title=f"{len(cat)} problems by family")
+
+
+@problems.command(name="fidelity")
+@click.option("--check", is_flag=True, help="Only check; exit 1 when docs/fidelity.md is out of date.")
+@click.pass_context
+def problems_fidelity(ctx, check):
+    """Check problems/fidelity/*.toml against the catalog (one row per problem) and write docs/fidelity.md.
+
+    Example:
+
+    \b
+        mkb problems fidelity
+        mkb problems fidelity --check
+    """
+    from mkb import fidelity
+
+    settings, cat = _catalog(ctx)
+    doc = Path(settings.problems_dir).parent / "docs" / "fidelity.md"
+    stale = fidelity.sync(settings.problems_dir, cat, doc, write=not check)
+    fidelity.require_complete(fidelity.load_rows(settings.problems_dir), cat)
+    if check and stale:
+        console.print(f"[red]out of date: {doc}[/]. Run 'mkb problems fidelity' to rewrite it.")
+        sys.exit(1)
+    console.print(f"{'rewrote' if stale else 'up to date'}: {doc} ({len(cat)} problems)")
 
 
 def register(main: click.Group) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from mkb import inplace
 from mkb import tensortree as tt
 from mkb.records import Draw, TensorMismatch
 
@@ -37,6 +38,8 @@ def stand_in(desc: dict) -> Any:
         if not isinstance(dtype, torch.dtype):
             return _named_type(f"torch.{desc['dtype']}")()
         return torch.empty(1, dtype=dtype, device=device).as_strided(desc["shape"], [0] * len(desc["shape"]))
+    if kind == "value" and desc.get("type") == "builtins.NoneType":
+        return None  # a problem whose only outputs are in place returns None
     return _named_type(desc.get("type", "builtins.object"))()
 
 
@@ -57,10 +60,16 @@ def structure_problem(candidate: dict, reference: dict) -> str | None:
     return tt.structure_mismatch(stand_in(candidate), stand_in(reference))
 
 
-def compare_draw(seed: int, out: Any, ref: Any, anchor: Any, factor: float) -> Draw:
-    """Every output tensor against the anchor (tolerance rule), plus the degenerate-output guard."""
+def compare_draw(seed: int, out: Any, ref: Any, anchor: Any, factor: float,
+                 positions: inplace.Positions = ()) -> Draw:
+    """Every output tensor against the anchor (tolerance rule), plus the degenerate-output guard.
+
+    out, ref and anchor are answers (returned, in-place outputs) as mkb.inplace describes them; the
+    in-place outputs are judged exactly like returned ones.
+    """
     tensors = []
-    for (path, o), (_, r), (_, a) in zip(tt.flatten(out), tt.flatten(ref), tt.flatten(anchor)):
+    leaves = [inplace.leaves(answer, positions) for answer in (out, ref, anchor)]
+    for (path, o), (_, r), (_, a) in zip(*leaves):
         c = tt.compare(path, o, r, a, factor)
         note = c.note
         ok = c.ok

@@ -140,7 +140,7 @@ class Candidate:
         reply = {"ok": True, "outputs": guards.describe(out), "dsl_calls": calls,
                  "alias": guards.aliasing(out, inputs), "mutated": guards.mutated(inputs, before),
                  "patched": self.integrity.patched()}
-        reply["copied"] = slots is not None and guards.copy_into(slots, out)
+        reply["copied"] = "slots" in msg and guards.copy_into(slots, out)  # slots is None when out must be
         self.sync()
         return reply
 
@@ -196,9 +196,15 @@ class Candidate:
     def cmd_profile(self, msg: dict) -> dict:
         self.channel.spin = False
         inputs = self.pool[msg["set"]]
+        kept = [(inputs[i], inputs[i].clone()) for i in msg.get("restore", [])]  # in-place inputs, as drawn
+
+        def restore():
+            for shared, copy in kept:
+                shared.copy_(copy)
+
         try:
             return {"ok": True, **trace.profile_calls(lambda: self.solve(*inputs), msg["calls"],
-                                                       self.spec["workdir"], _sync)}
+                                                       self.spec["workdir"], _sync, before=restore)}
         except BaseException as exc:  # the profiler failing is reported, not fatal
             return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
 

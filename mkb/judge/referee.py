@@ -24,6 +24,7 @@ from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
+from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge import checks, policy, timing, wire  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
@@ -88,6 +89,14 @@ class Transport:
             return wire.decode(tree, wire.read_file_leaf)
         return _map(tensors, lambda t: t.detach().to(place, copy=True))
 
+    def restore(self, tree: dict, tensors: list, pristine: list, positions: list[int]) -> None:
+        """Put the shared inputs at `positions` back to their pristine bytes (the candidate maps the same memory)."""
+        if not positions:
+            return
+        shared = wire.decode(tree, wire.open_file_leaf) if self.device == "cpu" else tensors
+        for i in positions:
+            shared[i].copy_(pristine[i])
+
 
 KEEP_ON_DEVICE_FRACTION = 0.1
 """A draw is judged on the GPU while the referee's private copies (reference, anchor, pristine inputs,
@@ -120,11 +129,14 @@ class Referee:
     """One grading, driven over the channels to the candidate (and, on a GPU, eager) processes."""
 
     def __init__(self, spec: dict):
-        from mkb.problems import load_module
+        from mkb.problems import load_module, mutated_positions
         from mkb.records import ProblemInfo
 
         self.spec, self.device, self.dsl = spec, spec["device"], Dsl(spec["dsl"])
-        self.problem = load_module(ProblemInfo.model_validate(spec["problem"]))
+        info = ProblemInfo.model_validate(spec["problem"])
+        self.problem = load_module(info)
+        self.positions = mutated_positions(info, self.problem.reference)
+        """(position, name) of the inputs the problem updates in place (MUTATES); graded after each call."""
         self.factor = float(spec["problem"].get("tolerance_factor", 3.0))
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"])
         self.transport = Transport(self.device, spec["workdir"])
@@ -132,7 +144,7 @@ class Referee:
         self.place = "cpu"
         """Where draws are judged: their private copies, the comparison, the digests and the input guard."""
         self.like: Any = None
-        """The reference output's structure (shapes and dtypes, on the meta device): the timing slots' model."""
+        """The structure reference returns (shapes and dtypes, on the meta device): the timing slots' model."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -166,7 +178,10 @@ class Referee:
             return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
 
     def reference(self, inputs: list) -> tuple[Any, Any]:
-        """The reference output and the fp64 anchor, private to this process, on self.place.
+        """The reference answer and the fp64 anchor's, private to this process, on self.place.
+
+        An answer is (returned, in-place outputs) (mkb.inplace): the reference runs on its own copies of
+        the MUTATES inputs, so the shared inputs reach the candidate as drawn.
 
         On a GPU the draw is judged there when its private copies are small (keep_on_device): comparing
         p28's two 14509x4096 outputs in float64 on the host took 3.7 s per draw, most of a grading, and
@@ -176,8 +191,8 @@ class Referee:
         from the SharedPool.
         """
         with tt.strict_precision():
-            ref = self.problem.reference(*inputs)
-            anchor = self.problem.reference(*tt.to_anchor(inputs))
+            ref = inplace.run(self.problem.reference, inputs, self.positions)
+            anchor = inplace.run(self.problem.reference, tt.to_anchor(inputs), self.positions, copy=False)
         if self.device == "cuda":
             device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             self.place = "cuda" if keep_on_device(private_bytes(inputs, ref, anchor), device_bytes) else "cpu"
@@ -215,10 +230,10 @@ class Referee:
         if not loaded.get("ok"):
             raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
                           traceback=loaded.get("traceback", ""))
-        first_out, first_tree = self.correctness(upcoming)
+        first = self.correctness(upcoming)
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"])
         if self.dsl_applicable():
-            evidence.knockout_changed = self.knockout(first_out, first_tree)
+            evidence.knockout_changed = self.knockout(*first)
         self.phase = "policy"
         evidence.report = self.report()
         self.enforce(policy.judge(evidence), final=self.device != "cuda" or self.spec["timing"] == "none")
@@ -243,7 +258,10 @@ class Referee:
         return seed, inputs, ref, anchor, pristine
 
     def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
-        """Five draws on fresh inputs (the first one already made); stops at the first failure."""
+        """Five draws on fresh inputs (the first one already made); stops at the first failure.
+
+        Returns what the knock-out needs: draw 1's answer, its shared inputs (tree and tensors) and pristine copy.
+        """
         self.phase = "correctness"
         self.details["dsl_calls"] = []
         out_digests, ref_digests, first = [], [], None
@@ -251,14 +269,16 @@ class Referee:
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve", each="solve_step_s"):
                 tree = self.transport.share(inputs, f"d{d}")
-                slot_tree, slots = self.transport.slots(ref, f"s{d}")
+                slot_tree, slots = self.transport.slots(ref[0], f"s{d}")
                 reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
                                   "mode": "observe" if d == 0 else "normal"})
             with self.step("read outputs"):
-                out = self.judge_reply(reply, ref, slot_tree, slots, d)
+                returned = self.judge_reply(reply, ref[0], slot_tree, slots, d)
+                after = self.read_inputs(tree, inputs)
+                out = (returned, self.updated(after))
             self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
             with self.step("compare"):
-                draw = checks.compare_draw(seed, out, ref, anchor, self.factor)
+                draw = checks.compare_draw(seed, out, ref, anchor, self.factor, self.positions)
             self.draws.append(draw)
             with self.step("digests"):
                 out_digests.append(checks.digest(out))
@@ -268,11 +288,21 @@ class Referee:
             if not draw.ok:
                 raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
             with self.step("input guard"):
-                self.guard_inputs(reply, inputs, tree, pristine, d)
+                self.guard_inputs(reply, after, pristine, d)
             if d == 0:
-                first = (out, tree)
-                self.like = _map(ref, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+                first = (out, tree, inputs, pristine)
+                self.like = _map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
         return first
+
+    def read_inputs(self, tree: dict, inputs: Any) -> Any:
+        """The shared inputs as the candidate left them: themselves when judging on the GPU, else a host copy."""
+        if self.device != "cuda":
+            return self.transport.read(tree, None)
+        return inputs if self.place == "cuda" else self.transport.read(tree, inputs)
+
+    def updated(self, inputs: Any) -> tuple:
+        """Private copies of the MUTATES inputs of an argument list, on self.place."""
+        return tuple(t.detach().to(self.place, copy=True) for t in inplace.updated(inputs, self.positions))
 
     def judge_reply(self, reply: dict, ref: Any, slot_tree: dict, slots: Any, d: int) -> Any:
         if not reply.get("ok") and reply.get("kind") == "infra_error":
@@ -288,31 +318,36 @@ class Referee:
             raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: the outputs could not be read back as plain tensors")
         return self.transport.read(slot_tree, slots, self.place)
 
-    def guard_inputs(self, reply: dict, inputs: Any, tree: dict, pristine: Any, d: int) -> None:
-        if self.device != "cuda":
-            now = self.transport.read(tree, None)
-        else:  # the shared inputs themselves when judging on the GPU, else a host copy of them
-            now = inputs if self.place == "cuda" else self.transport.read(tree, inputs)
+    def guard_inputs(self, reply: dict, now: Any, pristine: Any, d: int) -> None:
+        """Every input the problem does not update in place (MUTATES) is bit for bit as drawn."""
+        allowed = {f"in[{i}]" for i, _ in self.positions}
         changed = [p for (p, a), (_, b) in zip(tt.flatten(now, "in"), tt.flatten(pristine, "in"))
-                   if isinstance(a, torch.Tensor) and not tt.bitwise_equal(a, b)]
-        changed += [p for p in reply.get("mutated", []) if p not in changed]
+                   if isinstance(a, torch.Tensor) and p not in allowed and not tt.bitwise_equal(a, b)]
+        changed += [p for p in reply.get("mutated", []) if p not in changed and p not in allowed]
         if reply.get("alias"):
             raise Failure(Status.INCORRECT, f"draw {d + 1}: {reply['alias'][0]} shares memory with an input; "
                                             f"return new tensors")
         if changed:
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; "
-                                            f"inputs must be left unchanged")
+            only = f"only {', '.join(n for _, n in self.positions)} may change" if self.positions else \
+                "inputs must be left unchanged"
+            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; {only}")
 
-    def knockout(self, out0: Any, tree: dict) -> bool:
-        """Re-run draw 1 with the DSL calls skipped and their outputs poisoned; did the outputs change?"""
+    def knockout(self, out0: Any, tree: dict, inputs: Any, pristine: Any) -> bool:
+        """Re-run draw 1 with the DSL calls skipped and their outputs poisoned; did the answer change?
+
+        The in-place inputs are first put back as drawn, so that the knocked-out call starts from the
+        same state as the graded one.
+        """
         self.phase = "knock-out"
-        slot_tree, slots = self.transport.slots(out0, "ko")
+        self.transport.restore(tree, inputs, pristine, [i for i, _ in self.positions])
+        slot_tree, slots = self.transport.slots(out0[0], "ko")
         reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree, "mode": "knockout"})
         self.details["knockout"] = {"ok": reply.get("ok"), "dsl_calls": reply.get("dsl_calls"),
                                     "error": reply.get("error")}
         if not reply.get("ok") or not reply.get("copied"):
             return True  # without the DSL calls solve() failed outright: its result depends on them
-        return checks.changed(self.transport.read(slot_tree, slots, self.place), out0)
+        updated = self.updated(self.read_inputs(tree, inputs)) if self.positions else ()
+        return checks.changed((self.transport.read(slot_tree, slots, self.place), updated), out0)
 
     def report(self) -> dict:
         reply = self.ask({"cmd": "report"})

@@ -108,7 +108,8 @@ def _measure(referee: Referee, evidence: policy.Evidence, timed_cpu: int | None)
 
     def keep(i: int, s: int) -> None:
         if i in picks:
-            snapshots[i] = (pool.seeds[s], referee.transport.read(c_slot_tree, c_slots, referee.place))
+            snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slot_tree, c_slots, referee.place),
+                                            referee.updated(pool.sets[s])))
 
     kernel_runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     clocks_after = timing.clocks()
@@ -117,7 +118,8 @@ def _measure(referee: Referee, evidence: policy.Evidence, timed_cpu: int | None)
     _recheck(referee, snapshots)
     kernel, eager_fig = timing.summarize(kernel_runs, null, floor), timing.summarize(eager_runs, null, floor)
     referee.phase = "timing: profile"
-    profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED})
+    profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED,
+                           "restore": [i for i, _ in referee.positions]})
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
     device_ms = _per_call_ms(profile, "device_us")
@@ -141,7 +143,7 @@ def _recheck(referee: Referee, snapshots: dict) -> None:
     """Three random timed calls' outputs against the reference of exactly their inputs."""
     for i, (seed, out) in sorted(snapshots.items()):
         ref, anchor = referee.reference(referee.inputs(seed))
-        draw = checks.compare_draw(seed, out, ref, anchor, referee.factor)
+        draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
         if not draw.ok:
             raise Failure(Status.INCORRECT, f"timed call {i + 1} (re-checked): " + checks.first_failure(draw, 0)
                           .removeprefix("draw 1: "))

@@ -33,9 +33,10 @@ from mkb.judge import wire
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
-"""Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call after
-the first POOL_SETS (all warm-up calls) gets its set refilled with new random content right before it
-is sent, so nothing can be precomputed for a timed call, e.g. by a thread working through the pool."""
+"""Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call but a
+set's very first (a warm-up call of the eager harness) gets its set refilled with new random content
+right before it is sent, so nothing can be precomputed for a timed call, e.g. by a thread working
+through the pool, and no call sees inputs that an earlier call updated in place (MUTATES)."""
 
 
 class TimingError(Exception):
@@ -56,6 +57,8 @@ class Pool:
     seeds: list[int] = field(default_factory=list)
     sets: list[list] = field(default_factory=list)
     trees: list[dict] = field(default_factory=list)
+    used: set[int] = field(default_factory=set)
+    """Sets a call has run on since their last refill."""
 
     def __post_init__(self) -> None:
         for s in range(self.size):
@@ -69,6 +72,7 @@ class Pool:
         fresh = self.make(self.seeds[s])
         for old, new in zip(_tensors(self.sets[s]), _tensors(fresh)):
             old.copy_(new)
+        self.used.discard(s)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -154,13 +158,15 @@ def flush_buffer() -> torch.Tensor:
 
 def run_calls(bracket: Bracket, pool: Pool, *, null: bool = False, flush: torch.Tensor | None = None,
               warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None) -> list[dict]:
-    """warmup + timed bracketed calls on rotating input sets, each refilled right before its call."""
+    """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used."""
     results, total = [], warmup + timed
     for k in range(total):
         s = k % pool.size
-        if k >= pool.size and not null:
+        if s in pool.used and not null:
             pool.refresh(s)
         result = bracket.call(k, s, null=null, flush=flush)
+        if not null:
+            pool.used.add(s)
         if not null and not result["copied"]:
             raise TimingError(f"timed call {k + 1} returned a different structure than the draws", "incorrect")
         if on_done is not None and k >= warmup:

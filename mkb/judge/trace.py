@@ -33,12 +33,17 @@ def warm_up() -> None:
         pass
 
 
-def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None]) -> dict:
-    """Run solve() `calls` times under the Kineto profiler; return kernels and per-call summaries."""
+def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None],
+                  before: Callable[[], None] = lambda: None) -> dict:
+    """Run solve() `calls` times under the Kineto profiler; return kernels and per-call summaries.
+
+    before() runs ahead of every call, outside the solve ranges (it puts in-place inputs back as drawn).
+    """
     marker = torch.zeros(1, device="cuda")
     sync()
     with _profiler("cuda") as prof:
         for _ in range(calls):
+            before()
             with torch.profiler.record_function("mkb_solve"):
                 solve()
             with torch.profiler.record_function("mkb_marker"):

@@ -1,18 +1,17 @@
-"""Absorbed MLA paged decode (page size 1, bf16): scores = (q_nope.ckv + q_pe.kpe) / sqrt(192) over each sequence's pages kv_indices[kv_indptr[b]:kv_indptr[b+1]], out = softmax(scores) @ ckv; return out (bf16) and the base-2 LSE (fp32)."""
-# Source: DeepSeek-V3 config.json: num_attention_heads 128, kv_lora_rank 512, qk_nope_head_dim 128,
-# qk_rope_head_dim 64, v_head_dim 128; tensor parallel 8 gives 16 heads per GPU. In the absorbed
-# ("weight-absorbed") decode form the nope query is mapped into the 512-d latent space, every head
-# attends over one shared latent cache (compressed kv, 512) plus a shared rope key (64), and the
-# output stays in the latent space (the up-projection to v_head_dim happens afterwards). Softmax
-# scale 1/sqrt(qk_nope_head_dim + qk_rope_head_dim) = 1/sqrt(192).
-# Layout: q_nope [batch, 16, 512], q_pe [batch, 16, 64]; ckv_cache [num_pages, 512] and
-# kpe_cache [num_pages, 64] (page size 1: one token per page); kv_indptr int32 [batch + 1],
-# kv_indices int32 [total kv tokens] (CSR page table in token order).
-# lse[b, h] = log2(sum_j exp(score_j)) (base 2).
-# Workload: batch 64 decode requests, 75,145 KV tokens in all (lengths a random split of the
-# total, each >= 1), from a pool of 989,669 pages (1.1 GB of cache). Fixed: shapes, total KV
-# tokens, pool size. Redrawn per draw: q_nope, q_pe, both caches ~ N(0, 1); the lengths and the
-# page ids (distinct pages drawn at random from the pool).
+"""Absorbed MLA paged decode (page size 1, bf16): logits = (q_nope.ckv + q_pe.kpe) * sm_scale over each sequence's pages kv_indices[kv_indptr[b]:kv_indptr[b+1]], out = softmax(logits) @ ckv; return out (bf16) and the base-2 LSE of the scaled logits (fp32)."""
+# Source: DeepSeek-V3 at tensor parallel 8 (128 heads -> 16 per GPU; kv_lora_rank 512,
+# qk_rope_head_dim 64) in the weight-absorbed decode form: every head attends over one shared latent
+# cache (compressed kv, 512) plus a shared rope key (64), and the output stays in the latent space.
+# Shape of the original MetaKernelBench p14, a captured FlashInfer-Bench workload: batch 64 with the
+# sequence lengths fixed by KV_INDPTR below (75,145 KV tokens), a pool of 989,669 pages (1.1 GB of
+# cache), sm_scale 0.1352337747812271 = mscale^2 / sqrt(192) with DeepSeek's YaRN mscale
+# 0.1 ln(40) + 1, passed as a Python float.
+# Layout: q_nope [64, 16, 512], q_pe [64, 16, 64]; ckv_cache [989669, 1, 512] and kpe_cache
+# [989669, 1, 64] (one token per page); kv_indptr int32 [65], kv_indices int32 [75145] (CSR page
+# table in token order). lse[b, h] = log2(sum_j exp(logit_j)) (base 2). The reference loops over the
+# sequences like the original's.
+# Fixed: shapes, the lengths, pool size, sm_scale. Redrawn per draw: q_nope, q_pe, both caches ~
+# N(0, 1); the page ids (distinct pages drawn at random from the pool).
 import math
 
 import torch
@@ -23,46 +22,40 @@ SOL = {
     "bytes": 2 * 64 * 16 * 576 + 2 * 75145 * 576 + 4 * 75145 + 4 * 65 + 2 * 64 * 16 * 512 + 4 * 64 * 16,
 }
 
-SM_SCALE = 1.0 / math.sqrt(192)
-
-
-def _split(total, parts, device):
-    """Random lengths >= 1 that sum to total."""
-    cuts = torch.randperm(total - 1, device=device)[: parts - 1] + 1
-    bounds = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), cuts.sort().values,
-                        torch.full((1,), total, dtype=torch.int64, device=device)])
-    return bounds.diff()
+NUM_PAGES = 989669
+KV_INDPTR = (0, 537, 1051, 1689, 2199, 3771, 5311, 6904, 8494, 11155, 13258, 15676, 24873, 25427, 25946, 27825,
+             28517, 29331, 30010, 30680, 31220, 31736, 32254, 32866, 33378, 36677, 37310, 37846, 38896, 39415,
+             39983, 40641, 41155, 41689, 42417, 43059, 43975, 45419, 47001, 48634, 50171, 51682, 52311, 53407,
+             54908, 56394, 57906, 58425, 58975, 59915, 60483, 61003, 64016, 64571, 65094, 66520, 67099, 67743,
+             68267, 68784, 69317, 70745, 72061, 73455, 75145)
+SM_SCALE = 0.1352337747812271
 
 
 def make_inputs(device="cuda", scale="full"):
     if scale == "full":
-        batch, heads, total, pool = 64, 16, 75145, 989669
+        indptr, heads, pool = KV_INDPTR, 16, NUM_PAGES
     else:
-        batch, heads, total, pool = 3, 4, 20, 50
-    q_nope = torch.randn(batch, heads, 512, device=device).to(torch.bfloat16)
-    q_pe = torch.randn(batch, heads, 64, device=device).to(torch.bfloat16)
-    ckv_cache = torch.randn(pool, 512, device=device).to(torch.bfloat16)
-    kpe_cache = torch.randn(pool, 64, device=device).to(torch.bfloat16)
-    lengths = _split(total, batch, device)
-    kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), lengths.cumsum(0)]).to(torch.int32)
-    kv_indices = torch.randperm(pool, device=device)[:total].to(torch.int32)
-    return [q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices]
+        indptr, heads, pool = (0, 7, 8, 20), 4, 50
+    bf16 = torch.bfloat16
+    q_nope = torch.randn(len(indptr) - 1, heads, 512, device=device, dtype=bf16)
+    q_pe = torch.randn(len(indptr) - 1, heads, 64, device=device, dtype=bf16)
+    ckv_cache = torch.randn(pool, 1, 512, device=device, dtype=bf16)
+    kpe_cache = torch.randn(pool, 1, 64, device=device, dtype=bf16)
+    kv_indptr = torch.tensor(indptr, device=device, dtype=torch.int32)
+    kv_indices = torch.randperm(pool, device=device)[:indptr[-1]].to(torch.int32)
+    return [q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, SM_SCALE]
 
 
-def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
+def reference(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
     compute = torch.promote_types(q_nope.dtype, torch.float32)
     batch, heads, rank = q_nope.shape
-    tokens = kv_indices.long()
-    ckv = ckv_cache[tokens].to(compute)
-    kpe = kpe_cache[tokens].to(compute)
-    qn, qp = q_nope.to(compute), q_pe.to(compute)
-    out = torch.empty(batch, heads, rank, dtype=compute, device=q_nope.device)
+    out = torch.empty(batch, heads, rank, dtype=q_nope.dtype, device=q_nope.device)
     lse = torch.empty(batch, heads, dtype=compute, device=q_nope.device)
     bounds = kv_indptr.tolist()
     for b in range(batch):
-        c, p = ckv[bounds[b]:bounds[b + 1]], kpe[bounds[b]:bounds[b + 1]]
-        scores = (qn[b] @ c.T + qp[b] @ p.T) * SM_SCALE
-        lse_b = torch.logsumexp(scores, dim=-1, keepdim=True)
-        out[b] = torch.exp(scores - lse_b) @ c
-        lse[b] = lse_b.squeeze(-1) / math.log(2.0)
-    return out.to(q_nope.dtype), lse
+        pages = kv_indices[bounds[b]:bounds[b + 1]].long()
+        ckv, kpe = ckv_cache[pages, 0].to(compute), kpe_cache[pages, 0].to(compute)
+        logits = (q_nope[b].to(compute) @ ckv.T + q_pe[b].to(compute) @ kpe.T) * sm_scale
+        lse[b] = torch.logsumexp(logits, dim=-1) / math.log(2.0)
+        out[b] = (torch.softmax(logits, dim=-1) @ ckv).to(q_nope.dtype)
+    return out, lse

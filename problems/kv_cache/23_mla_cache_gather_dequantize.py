@@ -1,63 +1,47 @@
-"""Gather each request's tokens from a paged FP8 e4m3 MLA cache (block_table, cu_seq_lens) into one contiguous buffer and dequantize them with the scalar scale: out[t] = float(cache[block, offset]) * scale, fp32 [tokens, 576]."""
-# Source: DeepSeek-V3 config.json: kv_lora_rank 512, qk_rope_head_dim 64, so one MLA cache entry is
-# 576 values (512 compressed kv + 64 rope key), shared by all heads. With an FP8 KV cache the
-# entries are stored as float8_e4m3fn with one per-tensor scale; before the prefill attention over
-# cached context the context tokens are gathered out of the paged cache into a dense buffer and
-# dequantized.
-# Layout: kv_cache float8_e4m3fn [1024 blocks, 16, 576]; block_table int32 [8, 128] (entries past a
-# request's last block are 0 and never read); cu_seq_lens int32 [9] (request r owns output rows
-# cu_seq_lens[r] .. cu_seq_lens[r+1]-1; its token i lives in block block_table[r, i // 16] at offset
-# i % 16); scale fp32 [1] (0.1).
+"""Gather each request's tokens from a paged FP8 e4m3 MLA cache (bytes as uint8; request r's token i at block block_table[r, i // 16], offset i % 16) into one buffer, requests back to back, dequantized as float(code) * scale; return fp32 [tokens, 576]."""
+# Source: DeepSeek-V3's MLA cache entry (kv_lora_rank 512 + qk_rope_head_dim 64 = 576 values per
+# token, shared by all heads) stored as FP8 with one per-tensor scale, gathered into a dense buffer
+# before the prefill attention over cached context, in the shape of the original MetaKernelBench
+# p23, taken from vLLM's gather-and-maybe-dequant MLA cache test: 1,024 blocks x 16, 8 requests,
+# 4,096 tokens, scale 0.1.
+# Layout: src_cache uint8 [1024, 16, 576] (the raw bytes of float8_e4m3fn codes); block_table int32
+# [8, 1024] (each row a permutation of all block ids; a request reads only its first
+# ceil(len / 16) entries, so two requests may share blocks); seq_lens int32 [8] (output rows are the
+# requests' tokens in order); scale a Python float. The dequantized values are computed in fp32.
 # Workload: 8 requests, 4,096 tokens in all (lengths a random split, each >= 1). Fixed: shapes,
-# total tokens, scale 0.1. Redrawn per draw: cache contents (e4m3 of 4 N(0, 1)), the lengths and
-# the blocks (distinct, random among the 1,024).
-# SOL bytes count the cache entries actually gathered (4,096 x 576), not the whole pool.
+# total tokens, scale. Redrawn per draw: the cache (e4m3 of clamp(N(0, 1) / 0.1, +-448), drawn in
+# fp16), the block table rows, the lengths.
+# SOL bytes count the entries gathered (4,096 x 576 bytes), not the whole pool.
 import torch
 
 DTYPE = "fp8"
 SOL = {
     "flops": 4096 * 576,
-    "bytes": 4096 * 576 + 4 * 8 * 128 + 4 * 9 + 4 + 4 * 4096 * 576,
+    "bytes": 4096 * 576 + 4 * 8 * 1024 + 4 * 8 + 4 * 4096 * 576,
 }
 
-
-def _split(total, parts, device):
-    """Random lengths >= 1 that sum to total."""
-    cuts = torch.randperm(total - 1, device=device)[: parts - 1] + 1
-    bounds = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), cuts.sort().values,
-                        torch.full((1,), total, dtype=torch.int64, device=device)])
-    return bounds.diff()
+SCALE = 0.1
 
 
 def make_inputs(device="cuda", scale="full"):
     if scale == "full":
-        blocks, block_size, requests, tokens, width = 1024, 16, 8, 4096, 128
+        blocks, block_size, requests, tokens = 1024, 16, 8, 4096
     else:
-        blocks, block_size, requests, tokens, width = 16, 4, 3, 20, 8
-    kv_cache = (4 * torch.randn(blocks, block_size, 576, device=device)).to(torch.float8_e4m3fn)
-    lengths = _split(tokens, requests, device)
-    while int(lengths.max()) > width * block_size:
-        lengths = _split(tokens, requests, device)
-    cu_seq_lens = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), lengths.cumsum(0)]).to(torch.int32)
-    needed = (lengths + block_size - 1) // block_size
-    pool = torch.randperm(blocks, device=device)
-    block_table = torch.zeros(requests, width, dtype=torch.int32, device=device)
-    start = 0
-    for r, n in enumerate(needed.tolist()):
-        block_table[r, :n] = pool[start:start + n].to(torch.int32)
-        start += n
-    scale_t = torch.full((1,), 0.1, dtype=torch.float32, device=device)
-    return [kv_cache, block_table, cu_seq_lens, scale_t]
+        blocks, block_size, requests, tokens = 16, 4, 3, 20
+    values = torch.randn(blocks, block_size, 576, device=device, dtype=torch.float16)
+    src_cache = (values / SCALE).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    block_table = torch.stack([torch.randperm(blocks, device=device) for _ in range(requests)]).to(torch.int32)
+    cuts = torch.randperm(tokens - 1, device=device)[:requests - 1].sort().values + 1
+    bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), tokens)])
+    seq_lens = bounds.diff().to(torch.int32)
+    return [src_cache, block_table, seq_lens, SCALE]
 
 
-def reference(kv_cache, block_table, cu_seq_lens, scale):
-    compute = torch.promote_types(scale.dtype, torch.float32)
-    blocks, block_size, width = kv_cache.shape
-    tokens = int(cu_seq_lens[-1])
-    token = torch.arange(tokens, device=kv_cache.device)
-    request = torch.searchsorted(cu_seq_lens[1:].long(), token, right=True)
-    position = token - cu_seq_lens.long()[request]
+def reference(src_cache, block_table, seq_lens, scale):
+    block_size = src_cache.shape[1]
+    lens = seq_lens.long()
+    request = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
+    position = torch.arange(request.numel(), device=lens.device) - (lens.cumsum(0) - lens)[request]
     block = block_table.long()[request, position // block_size]
-    # index the raw bytes: gathers are not defined for float8 on every backend
-    entries = kv_cache.view(torch.uint8)[block, position % block_size].view(torch.float8_e4m3fn)
-    return entries.to(compute) * scale.to(compute)
+    codes = src_cache[block, position % block_size].view(torch.float8_e4m3fn)
+    return codes.to(torch.float32) * scale

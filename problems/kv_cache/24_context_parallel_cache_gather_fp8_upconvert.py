@@ -1,81 +1,63 @@
-"""Gather every request's cached tokens from a paged FP8 MLA cache of packed 656-byte entries (512 e4m3 values, 4 fp32 group scales, 64 bf16 rope values) into the bf16 workspace at workspace_starts, dequantizing value j as e4m3[j] * scale[j // 128]; return the filled workspace [tokens, 576]."""
-# Source: DeepSeek-V3.2 (kv_lora_rank 512, qk_rope_head_dim 64) with its FP8 sparse-MLA cache
-# format: each token's entry is 656 bytes = 512 float8_e4m3fn codes of the compressed kv, then 4
-# fp32 scales (one per group of 128 codes), then the 64-d rope key kept in bf16 (128 bytes).
-# Before the prefill attention over cached context (computed across context-parallel ranks) the
-# cached tokens of each request are gathered into a dense bf16 workspace: request r's token i lives
-# in block block_table[r, i // 64] at offset i % 64 and goes to workspace row workspace_starts[r] + i,
-# as [e4m3[0:512] * group scale (computed in fp32, rounded to bf16) | rope 64].
-# Layout: kv_cache uint8 [16 blocks, 64, 656] (bytes little-endian); block_table int32 [3, 16]
-# (entries past a request's last block are 0); seq_lens int32 [3]; workspace_starts int32 [3]
-# (exclusive prefix sum of seq_lens); workspace bf16 [tokens, 576]: every row is overwritten, it
-# only carries the output dtype (the caller's buffer), so a kernel need not read it.
-# Workload: 3 requests, 641 tokens in all (lengths a random split, each >= 1). Fixed: shapes,
-# total tokens. Redrawn per draw: the cache (codes = e4m3 of x / scale with scale = group absmax
-# / 448, x ~ N(0, 1) times a per-token magnitude; rope N(0, 1)), lengths, blocks (distinct, random
-# among 16), workspace contents.
-# SOL bytes count the entries gathered, not the whole pool, and no read of the workspace.
+"""Gather every request's cached tokens from a paged FP8 MLA cache of packed 656-byte entries (512 e4m3 codes, 4 fp32 group scales, 64 bf16 rope values) into one bf16 buffer, requests back to back: [bf16(e4m3[j] * scale[j // 128]) for j < 512 | rope 64]; return bf16 [tokens, 576]."""
+# Source: DeepSeek-V3.2's FP8 sparse-MLA cache entry (kv_lora_rank 512 stored as float8_e4m3fn
+# with one fp32 scale per group of 128, then the 64-d rope key kept in bf16: 656 bytes per token),
+# gathered and up-converted to bf16 before the prefill attention over cached context that
+# context-parallel ranks share, in the shape of the original MetaKernelBench p24, taken from
+# vLLM's cp_gather_and_upconvert_fp8_kv_cache test: 16 blocks x 64 slots, 3 requests, 641 tokens.
+# Layout: cache uint8 [16, 64, 656] (bytes little-endian: codes 0..511, scales 512..527, rope
+# 528..655); block_table int32 [3, 10] (request r's token i lives in block block_table[r, i // 64]
+# at offset i % 64; columns past a request's last block are 0 and never read); seq_lens int32 [3].
+# Each group's product is computed in fp32 and rounded to bf16; the rope bytes are copied as bf16.
+# Change from the original: its block table is exactly as wide as the longest request needs (4..10
+# columns, varying per draw); here it is always 10 columns (the most any split of 641 tokens into 3
+# requests needs), so every draw has the same input shapes, which the judge's timing pool requires.
+# Workload: 3 requests, 641 tokens in all (lengths a random split, each >= 1). Fixed: shapes, total
+# tokens. Redrawn per draw: codes (e4m3 of N(0, 1)), scales uniform in 0.1..2.1, rope N(0, 1), the
+# lengths, the blocks (distinct, random among the 16).
+# SOL bytes count the entries gathered, not the whole pool.
 import torch
 
 DTYPE = "bf16"
 SOL = {
     "flops": 641 * 512,
-    "bytes": 641 * 656 + 4 * 3 * 16 + 4 * 3 + 4 * 3 + 2 * 641 * 576,
+    "bytes": 641 * 656 + 4 * 3 * 10 + 4 * 3 + 2 * 641 * 576,
 }
 
 NOPE, ROPE, GROUP = 512, 64, 128
-ENTRY = NOPE + 4 * (NOPE // GROUP) + 2 * ROPE  # 656 bytes
-
-
-def _split(total, parts, device):
-    """Random lengths >= 1 that sum to total."""
-    cuts = torch.randperm(total - 1, device=device)[: parts - 1] + 1
-    bounds = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), cuts.sort().values,
-                        torch.full((1,), total, dtype=torch.int64, device=device)])
-    return bounds.diff()
-
-
-def _pack_entries(n, device):
-    x = torch.randn(n, NOPE, device=device) * torch.exp(0.5 * torch.randn(n, 1, device=device))
-    groups = x.view(n, NOPE // GROUP, GROUP)
-    scales = groups.abs().amax(dim=-1) / 448.0
-    codes = (groups / scales[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(n, NOPE)
-    rope = torch.randn(n, ROPE, device=device).to(torch.bfloat16)
-    return torch.cat([codes.view(torch.uint8), scales.view(torch.uint8), rope.view(torch.uint8)], dim=-1)
+SCALES_AT, ROPE_AT, ENTRY = 512, 528, 656
 
 
 def make_inputs(device="cuda", scale="full"):
     if scale == "full":
-        blocks, block_size, requests, tokens = 16, 64, 3, 641
+        blocks, block_size, requests, tokens, width = 16, 64, 3, 641, 10
     else:
-        blocks, block_size, requests, tokens = 6, 4, 2, 9
-    kv_cache = _pack_entries(blocks * block_size, device).view(blocks, block_size, ENTRY)
-    seq_lens = _split(tokens, requests, device)
-    needed = (seq_lens + block_size - 1) // block_size
-    pool = torch.randperm(blocks, device=device)
-    block_table = torch.zeros(requests, blocks, dtype=torch.int32, device=device)
+        blocks, block_size, requests, tokens, width = 8, 4, 2, 9, 3
+    slots = blocks * block_size
+    codes = torch.randn(slots, NOPE, device=device).to(torch.float8_e4m3fn)
+    scales = torch.rand(slots, NOPE // GROUP, device=device) * 2.0 + 0.1
+    rope = torch.randn(slots, ROPE, device=device, dtype=torch.bfloat16)
+    cache = torch.cat([codes.view(torch.uint8), scales.view(torch.uint8), rope.view(torch.uint8)], dim=-1)
+    cuts = torch.randperm(tokens - 1, device=device)[:requests - 1].sort().values + 1
+    bounds = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), tokens)])
+    lengths = bounds.diff()
+    needed = ((lengths + block_size - 1) // block_size).tolist()
+    order = torch.randperm(blocks, device=device).to(torch.int32)
+    block_table = torch.zeros(requests, width, dtype=torch.int32, device=device)
     start = 0
-    for r, n in enumerate(needed.tolist()):
-        block_table[r, :n] = pool[start:start + n].to(torch.int32)
+    for r, n in enumerate(needed):
+        block_table[r, :n] = order[start:start + n]
         start += n
-    workspace_starts = (seq_lens.cumsum(0) - seq_lens).to(torch.int32)
-    workspace = torch.randn(tokens, NOPE + ROPE, device=device).to(torch.bfloat16)
-    return [kv_cache, block_table, seq_lens.to(torch.int32), workspace_starts, workspace]
+    return [cache.view(blocks, block_size, ENTRY), block_table, lengths.to(torch.int32)]
 
 
-def reference(kv_cache, block_table, seq_lens, workspace_starts, workspace):
-    compute = torch.promote_types(workspace.dtype, torch.float32)
-    blocks, block_size, _ = kv_cache.shape
-    device = kv_cache.device
+def reference(cache, block_table, seq_lens):
+    block_size = cache.shape[1]
     lens = seq_lens.long()
-    request = torch.repeat_interleave(torch.arange(lens.numel(), device=device), lens)
-    position = torch.arange(request.numel(), device=device) - (lens.cumsum(0) - lens)[request]
-    block = block_table.long()[request, position // block_size]
-    entries = kv_cache[block, position % block_size]  # [tokens, 656] bytes
-    codes = entries[:, :NOPE].view(torch.float8_e4m3fn).to(compute)
-    scales = entries[:, NOPE:NOPE + 4 * (NOPE // GROUP)].view(torch.float32).to(compute)
-    rope = entries[:, NOPE + 4 * (NOPE // GROUP):].view(torch.bfloat16).to(compute)
-    nope = (codes.view(-1, NOPE // GROUP, GROUP) * scales[..., None]).view(-1, NOPE)
-    out = workspace.clone()
-    out[workspace_starts.long()[request] + position] = torch.cat([nope, rope], dim=-1).to(workspace.dtype)
-    return out
+    request = torch.repeat_interleave(torch.arange(lens.numel(), device=lens.device), lens)
+    position = torch.arange(request.numel(), device=lens.device) - (lens.cumsum(0) - lens)[request]
+    entries = cache[block_table.long()[request, position // block_size], position % block_size]
+    codes = entries[:, :NOPE].contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    scales = entries[:, SCALES_AT:ROPE_AT].contiguous().view(torch.float32)
+    nope = (codes.view(-1, NOPE // GROUP, GROUP) * scales[..., None]).to(torch.bfloat16).view(-1, NOPE)
+    rope = entries[:, ROPE_AT:].contiguous().view(torch.bfloat16)
+    return torch.cat([nope, rope], dim=-1)

@@ -1,112 +1,88 @@
-"""Apply staged block-table appends for 3 hybrid KV-cache groups (manager blocks 16/32/8 split into kernel blocks 16/16/8), then compute each group's int64 slot mapping for the scheduled tokens (-1 for padding); return the 3 updated int32 block tables and the [3, tokens] slot mapping."""
-# Source: hybrid-attention serving (e.g. a model mixing full-attention, sliding-window and other
-# layer types, as in vLLM's hybrid KV-cache manager): every KV-cache group keeps its own block
-# table per request. A group's allocator ("manager") works in blocks of B tokens while its
-# attention kernel reads blocks of K tokens (B a multiple of K), so manager block m is stored in the
-# kernel-unit table as the B/K kernel blocks m*(B/K) + t, t < B/K. Groups here: (B, K) = (16, 16),
-# (32, 16), (8, 8).
-# Staged writes (one scheduling step): write w appends manager blocks
-# new_block_ids[write_cu[w]:write_cu[w+1]] to request write_req[w] of group write_group[w], the
-# first at manager column write_start[w]; in the kernel-unit table that is
-# table[req, (write_start + j) * (B/K) + t] = new_block_ids[write_cu + j] * (B/K) + t. Writes never
-# overlap, so their order does not matter. Entries not written keep their old value.
-# Slot mapping: scheduled token i < query_start_loc[-1] belongs to request r with
-# query_start_loc[r] <= i < query_start_loc[r+1]; with p = positions[i] its slot in group g is
-# table_g[r, p // K] * K + p % K (read after the writes). Tokens from query_start_loc[-1] on are
-# padding: slot -1.
-# Layout: tables int32 [64, 512], [64, 512], [64, 1024] (max model length 8,192 tokens);
-# write_group, write_req, write_start int32 [128]; write_cu int32 [129]; new_block_ids int32;
-# query_start_loc int32 [65]; positions int64 [4,096].
-# Workload: 64 requests, 128 staged writes (distinct (group, request) pairs, each appending the
-# blocks its request's new tokens need, plus 0-1 blocks of lookahead), 4,096 token slots of which
-# the last 1..64 (redrawn) are padding. Fixed: shapes, block sizes. Redrawn per draw: the prior
-# tables (valid block ids from pools of 16,384 manager blocks per group), each request's computed
-# length and number of new tokens, which pairs get a write, and the new block ids.
+"""Apply staged block-table writes in place for 3 hybrid KV-cache groups (manager blocks 16/32/8 expanded to kernel blocks 16/16/8; append at num_blocks or overwrite from 0, in write order), then compute each group's int64 slot mapping of the scheduled tokens (-1 past the last); return slot_mappings [3, 4096]."""
+# Source: vLLM's hybrid KV-cache block tables (one table per KV-cache group; a group's allocator
+# works in blocks of B tokens while its attention kernel reads blocks of K tokens, so manager block
+# m becomes kernel blocks m * (B / K) + t, t < B / K), in the shape of the original MetaKernelBench
+# p26, taken from vLLM's test of BlockTables applying staged writes for fused KV groups:
+# (B, K) = (16, 16), (32, 16), (8, 8); 64 requests; 4,096 batched tokens; 128 staged writes.
+# Staged writes, group by group and in write order w = 0..127: request r = write_requests[w],
+# n = staged_counts[g, w] manager ids staged_ids[g, w, :n]; the write starts at column 0 when
+# overwrite[w], else at num_blocks[g, r]; it stores the n * (B / K) kernel block ids there and sets
+# num_blocks[g, r] to the end of what it wrote. A request gets two writes, so order matters.
+# Slot mapping: batch row b owns tokens query_start_loc[b] .. query_start_loc[b + 1] - 1 and reads
+# request idx_mapping[b]; token i with position p gets table_g[request, p // K] * K + p % K (read
+# after the writes) in group g; tokens from query_start_loc[64] on get -1.
+# Layout: block_table_0/1/2 int32 [64, 512], [64, 1024], [64, 512]; num_blocks int32 [3, 64];
+# write_requests int32 [128]; overwrite bool [128]; staged_ids int32 [3, 128, 4] (-1 past the
+# count); staged_counts int32 [3, 128] (0..4); idx_mapping int32 [64]; query_start_loc int32 [65];
+# positions int64 [4096]. The three tables and num_blocks are updated in place (MUTATES); the
+# original also returns them (the same tensors); here they are graded in place.
+# Workload: fixed shapes as above. Redrawn per draw: prior tables (ids uniform in 0..2,047),
+# num_blocks (all 0, as in the original), write order (two permutations of the 64 requests),
+# overwrite flags, counts and ids, the batch order, per-request token counts (0..64), positions
+# (0..63).
 import torch
 
 DTYPE = "int32/int64"
+EXACT = True
+MUTATES = ("block_table_0", "block_table_1", "block_table_2", "num_blocks")
 SOL = {
     "flops": 3 * 4096 * 4,
-    "bytes": 2 * 4 * 64 * (512 + 512 + 1024) + 3 * 4 * 128 + 4 * 129 + 4 * 1024 + 4 * 65 + 8 * 4096
-    + 8 * 3 * 4096,
+    "bytes": 4 * 3 * 2 * 128 * 8 + 2 * 4 * 3 * 64 + 4 * 128 + 128 + 4 * 3 * 128 * 4 + 4 * 3 * 128 + 4 * 64
+    + 4 * 65 + 8 * 4096 + 4 * 3 * 4096 + 8 * 3 * 4096,
 }
-EXACT = True
 
 BLOCK_SIZES = (16, 32, 8)
 KERNEL_BLOCK_SIZES = (16, 16, 8)
-POOL_BLOCKS = 16384
-
-
-def _split(total, parts, device):
-    """Random lengths >= 1 that sum to total."""
-    cuts = torch.randperm(total - 1, device=device)[: parts - 1] + 1
-    bounds = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), cuts.sort().values,
-                        torch.full((1,), total, dtype=torch.int64, device=device)])
-    return bounds.diff()
-
-
-def _prior_table(requests, max_len, block, kernel_block, device):
-    ratio = block // kernel_block
-    manager = torch.randint(0, POOL_BLOCKS, (requests, max_len // block), device=device)
-    kernel = manager[:, :, None] * ratio + torch.arange(ratio, device=device)
-    return kernel.reshape(requests, -1).to(torch.int32)
+STAGE_CAPACITY = 4
+MAX_BLOCK_ID = 2048
 
 
 def make_inputs(device="cuda", scale="full"):
     if scale == "full":
-        requests, writes, tokens, max_len, max_pad = 64, 128, 4096, 8192, 64
+        requests, tokens, widths = 64, 4096, (512, 1024, 512)
     else:
-        requests, writes, tokens, max_len, max_pad = 4, 7, 24, 128, 3
-    tables = [_prior_table(requests, max_len, b, k, device) for b, k in zip(BLOCK_SIZES, KERNEL_BLOCK_SIZES)]
-    pad = int(torch.randint(1, max_pad + 1, (1,)).item())
-    new_tokens = _split(tokens - pad, requests, device)
-    room = max_len - max(BLOCK_SIZES) - new_tokens
-    computed = (torch.rand(requests, device=device) * (room + 1).to(torch.float32)).long().clamp(max=room)
-    query_start_loc = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), new_tokens.cumsum(0)])
-    request_of = torch.repeat_interleave(torch.arange(requests, device=device), new_tokens)
-    offset = torch.arange(tokens - pad, device=device) - query_start_loc[request_of]
-    positions = torch.zeros(tokens, dtype=torch.int64, device=device)
-    positions[: tokens - pad] = computed[request_of] + offset
-    pairs = torch.randperm(3 * requests, device=device)[:writes]
-    write_group, write_req = pairs // requests, pairs % requests
-    block = torch.tensor(BLOCK_SIZES, device=device)[write_group]
-    held = (computed[write_req] + block - 1) // block
-    needed = (computed[write_req] + new_tokens[write_req] + block - 1) // block
-    count = needed - held + torch.randint(0, 2, (writes,), device=device)
-    count = count.clamp(min=1)
-    write_cu = torch.cat([torch.zeros(1, dtype=torch.int64, device=device), count.cumsum(0)])
-    new_block_ids = torch.randint(0, POOL_BLOCKS, (int(write_cu[-1]),), device=device)
+        requests, tokens, widths = 4, 24, (16, 32, 16)
     i32 = torch.int32
-    return [tables[0], tables[1], tables[2], write_group.to(i32), write_req.to(i32), held.to(i32),
-            write_cu.to(i32), new_block_ids.to(i32), query_start_loc.to(i32), positions]
+    writes = 2 * requests
+    tables = [torch.randint(0, MAX_BLOCK_ID, (requests, w), device=device, dtype=i32) for w in widths]
+    num_blocks = torch.zeros(3, requests, device=device, dtype=i32)
+    write_requests = torch.cat([torch.randperm(requests, device=device), torch.randperm(requests, device=device)])
+    overwrite = torch.randint(0, 2, (writes,), device=device).bool()
+    staged_counts = torch.randint(0, STAGE_CAPACITY + 1, (3, writes), device=device, dtype=i32)
+    ids = torch.randint(0, MAX_BLOCK_ID, (3, writes, STAGE_CAPACITY), device=device, dtype=i32)
+    used = torch.arange(STAGE_CAPACITY, device=device) < staged_counts[..., None]
+    staged_ids = torch.where(used, ids, torch.full_like(ids, -1))
+    idx_mapping = torch.randperm(requests, device=device).to(i32)
+    lengths = torch.randint(0, tokens // requests + 1, (requests,), device=device)
+    query_start_loc = torch.cat([lengths.new_zeros(1), lengths.cumsum(0).clamp(max=tokens)]).to(i32)
+    max_position = 2 * STAGE_CAPACITY * min(BLOCK_SIZES)
+    positions = torch.randint(0, max_position, (tokens,), device=device)
+    return [*tables, num_blocks, write_requests.to(i32), overwrite, staged_ids, staged_counts, idx_mapping,
+            query_start_loc, positions]
 
 
-def reference(table_0, table_1, table_2, write_group, write_req, write_start, write_cu, new_block_ids,
-              query_start_loc, positions):
-    device = positions.device
-    tables = [table_0.clone(), table_1.clone(), table_2.clone()]
-    cu = write_cu.long()
-    counts = cu[1:] - cu[:-1]
-    write_of = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts,
-                                       output_size=new_block_ids.numel())
-    column = write_start.long()[write_of] + torch.arange(new_block_ids.numel(), device=device) - cu[write_of]
-    group_of = write_group.long()[write_of]
-    request_of = write_req.long()[write_of]
-    ids = new_block_ids.long()
-    slots = []
-    for g, (block, kernel_block) in enumerate(zip(BLOCK_SIZES, KERNEL_BLOCK_SIZES)):
-        ratio = block // kernel_block
-        sel = group_of == g
-        sub = torch.arange(ratio, device=device)
-        rows = request_of[sel][:, None].expand(-1, ratio)
-        cols = column[sel][:, None] * ratio + sub
-        tables[g][rows, cols] = (ids[sel][:, None] * ratio + sub).to(tables[g].dtype)
-    qsl = query_start_loc.long()
-    token = torch.arange(positions.numel(), device=device)
-    request = torch.searchsorted(qsl[1:], token, right=True).clamp(max=qsl.numel() - 2)
-    valid = token < qsl[-1]
-    for g, kernel_block in enumerate(KERNEL_BLOCK_SIZES):
-        block_id = tables[g][request, positions // kernel_block].long()
-        slot = block_id * kernel_block + positions % kernel_block
-        slots.append(torch.where(valid, slot, torch.full_like(slot, -1)))
-    return tables[0], tables[1], tables[2], torch.stack(slots)
+def reference(block_table_0, block_table_1, block_table_2, num_blocks, write_requests, overwrite, staged_ids,
+              staged_counts, idx_mapping, query_start_loc, positions):
+    tables = (block_table_0, block_table_1, block_table_2)
+    requests_of, overwrites = write_requests.tolist(), overwrite.tolist()
+    for g, table in enumerate(tables):
+        ratio = BLOCK_SIZES[g] // KERNEL_BLOCK_SIZES[g]
+        counts = staged_counts[g].tolist()
+        for w, r in enumerate(requests_of):
+            start = 0 if overwrites[w] else int(num_blocks[g, r])
+            manager = staged_ids[g, w, :counts[w]].long()
+            kernel_ids = (manager[:, None] * ratio + torch.arange(ratio, device=manager.device)).reshape(-1)
+            table[r, start:start + kernel_ids.numel()] = kernel_ids.to(table.dtype)
+            num_blocks[g, r] = start + kernel_ids.numel()
+    bounds = query_start_loc.long()
+    token = torch.arange(positions.numel(), device=positions.device)
+    row = torch.searchsorted(bounds[1:], token, right=True).clamp(max=bounds.numel() - 2)
+    request = idx_mapping.long()[row]
+    scheduled = token < bounds[-1]
+    slot_mappings = []
+    for g, table in enumerate(tables):
+        kernel_block = KERNEL_BLOCK_SIZES[g]
+        block = table.long()[request, positions // kernel_block]
+        slot = block * kernel_block + positions % kernel_block
+        slot_mappings.append(torch.where(scheduled, slot, torch.full_like(slot, -1)))
+    return torch.stack(slot_mappings)

@@ -136,11 +136,11 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, arch=None):
+def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, arch=None):
     heads = q.shape[1]
     kv_heads = k_cache.shape[2]
     assert q.shape[2] == D and k_cache.shape[1] == 1
-    key = (heads, kv_heads)
+    key = (heads, kv_heads, float(sm_scale))
     if key not in _COMPILED:
         group = heads // kv_heads
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
@@ -153,7 +153,7 @@ def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, arch=None):
         fidx = make_fake_compact_tensor(Int32, (nt,))
         fpm = make_fake_compact_tensor(Float32, (npart,))
         fpacc = rows2(Float32, npart)
-        partial = cute.compile(DecodePartial(kv_heads, group, 1.0 / math.sqrt(D)), fq, fk, fk, fptr, fidx,
+        partial = cute.compile(DecodePartial(kv_heads, group, float(sm_scale)), fq, fk, fk, fptr, fidx,
                                fpm, fpm, fpacc, stream, options=opts)
         flse = make_fake_compact_tensor(Float32, (qr,))
         merge = cute.compile(DecodeMerge(kv_heads, group), fpm, fpm, fpacc, fq, flse, stream, options=opts)
@@ -161,8 +161,8 @@ def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, arch=None):
     return list(_COMPILED[key])
 
 
-def solve(q, k_cache, v_cache, kv_indptr, kv_indices):
-    partial, merge = _prepare(q, k_cache, v_cache, kv_indptr, kv_indices)
+def solve(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+    partial, merge = _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
     batch, heads, _ = q.shape
     kv_heads = k_cache.shape[2]
     npart = batch * heads * NSUB

@@ -155,10 +155,11 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, arch=None):
+def _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, arch=None):
     heads = q_nope.shape[1]
     assert q_nope.shape[2] == RANK and q_pe.shape[2] == ROPE
-    if heads not in _COMPILED:
+    key = (heads, float(sm_scale))
+    if key not in _COMPILED:
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
         bf = cutlass.BFloat16
         qr, pr, nb1, nt, npart = (cute.sym_int() for _ in range(5))
@@ -167,17 +168,17 @@ def _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, arch=Non
         fptr = make_fake_compact_tensor(Int32, (nb1,))
         fidx = make_fake_compact_tensor(Int32, (nt,))
         fpm = make_fake_compact_tensor(Float32, (npart,))
-        qscale = (1.0 / math.sqrt(128 + 64)) * math.log2(math.e)
+        qscale = float(sm_scale) * math.log2(math.e)
         partial = cute.compile(MlaPartial(heads, qscale), mk(bf, qr, RANK), mk(bf, qr, ROPE), mk(bf, pr, RANK),
                                mk(bf, pr, ROPE), fptr, fidx, fpm, fpm, mk(Float32, npart, RANK), stream, options=opts)
         merge = cute.compile(MlaMerge(heads), fptr, fpm, fpm, mk(Float32, npart, RANK), mk(bf, qr, RANK),
                              make_fake_compact_tensor(Float32, (qr,)), stream, options=opts)
-        _COMPILED[heads] = (partial, merge)
-    return list(_COMPILED[heads])
+        _COMPILED[key] = (partial, merge)
+    return list(_COMPILED[key])
 
 
-def solve(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
-    partial, merge = _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices)
+def solve(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
+    partial, merge = _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale)
     batch, heads, _ = q_nope.shape
     nchunks = kv_indices.shape[0] // CH + batch          # upper bound on sum(ceil(len/CH)), no host sync
     dev = q_nope.device
@@ -185,7 +186,8 @@ def solve(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
     pl = torch.empty(nchunks * heads, dtype=torch.float32, device=dev)
     pacc = torch.empty(nchunks * heads, RANK, dtype=torch.float32, device=dev)
     qn = q_nope.contiguous().view(-1, RANK)
-    partial(qn, q_pe.contiguous().view(-1, ROPE), ckv_cache.contiguous(), kpe_cache.contiguous(),
+    partial(qn, q_pe.contiguous().view(-1, ROPE), ckv_cache.contiguous().view(-1, RANK),
+            kpe_cache.contiguous().view(-1, ROPE),
             kv_indptr.contiguous(), kv_indices.contiguous(), pm, pl, pacc)
     out = torch.empty(batch * heads, RANK, dtype=q_nope.dtype, device=dev)
     lse = torch.empty(batch * heads, dtype=torch.float32, device=dev)

@@ -150,20 +150,20 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, arch=None):
+def _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, arch=None):
     heads, kv_heads = q.shape[1], k_cache.shape[2]
     assert q.shape[2] == D and k_cache.shape[1] == 1
-    key = (heads, kv_heads)
+    key = (heads, kv_heads, float(sm_scale))
     if key not in _COMPILED:
         group = heads // kv_heads
         a = arch or _arch()
-        qscale = (1.0 / math.sqrt(D)) * math.log2(math.e)
+        qscale = float(sm_scale) * math.log2(math.e)
         _COMPILED[key] = (_build(_make_partial(kv_heads, group, qscale), a), _build(_make_merge(kv_heads, group), a))
     return list(_COMPILED[key])
 
 
-def solve(q, k_cache, v_cache, kv_indptr, kv_indices):
-    partial, merge = _prepare(q, k_cache, v_cache, kv_indptr, kv_indices)
+def solve(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale):
+    partial, merge = _prepare(q, k_cache, v_cache, kv_indptr, kv_indices, sm_scale)
     batch, heads, _ = q.shape
     npart = batch * heads * NSUB
     pm = torch.empty(npart, dtype=torch.float32, device=q.device)

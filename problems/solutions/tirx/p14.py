@@ -173,26 +173,28 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, arch=None):
+def _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale, arch=None):
     heads = q_nope.shape[1]
     assert q_nope.shape[2] == RANK and q_pe.shape[2] == ROPE
-    if heads not in _COMPILED:
+    key = (heads, float(sm_scale))
+    if key not in _COMPILED:
         a = arch or _arch()
-        qscale = (1.0 / math.sqrt(128 + 64)) * math.log2(math.e)
-        _COMPILED[heads] = (_build(_make_partial(heads, qscale), a), _build(_make_merge(heads), a))
-    return list(_COMPILED[heads])
+        qscale = float(sm_scale) * math.log2(math.e)
+        _COMPILED[key] = (_build(_make_partial(heads, qscale), a), _build(_make_merge(heads), a))
+    return list(_COMPILED[key])
 
 
-def solve(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices):
-    partial, merge = _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices)
+def solve(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale):
+    partial, merge = _prepare(q_nope, q_pe, ckv_cache, kpe_cache, kv_indptr, kv_indices, sm_scale)
     batch, heads, _ = q_nope.shape
     nchunks = kv_indices.shape[0] // CH + batch          # upper bound on sum(ceil(len/CH)), no host sync
     dev = q_nope.device
     pm = torch.empty(nchunks * heads, dtype=torch.float32, device=dev)
     pl = torch.empty(nchunks * heads, dtype=torch.float32, device=dev)
     pacc = torch.empty(nchunks * heads, RANK, dtype=torch.float32, device=dev)
-    partial(q_nope.contiguous().view(-1, RANK), q_pe.contiguous().view(-1, ROPE), ckv_cache.contiguous(),
-            kpe_cache.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), pm, pl, pacc)
+    partial(q_nope.contiguous().view(-1, RANK), q_pe.contiguous().view(-1, ROPE),
+            ckv_cache.contiguous().view(-1, RANK), kpe_cache.contiguous().view(-1, ROPE), kv_indptr.contiguous(),
+            kv_indices.contiguous(), pm, pl, pacc)
     out = torch.empty(batch * heads, RANK, dtype=q_nope.dtype, device=dev)
     lse = torch.empty(batch * heads, dtype=torch.float32, device=dev)
     merge(kv_indptr.contiguous(), pm, pl, pacc, out, lse)

@@ -1,22 +1,21 @@
-"""p19 GLM-4.5 q/k RMSNorm + partial NeoX RoPE + paged KV write, in TIRx.
+"""p19 GLM-4.5 q/k RMSNorm + partial NeoX RoPE + paged KV write (in place), in TIRx.
 
 One fused kernel: a warp per (token, head) over the fused qkv row (q heads, then k heads, then v
 heads); each lane holds 4 of the 128 dims.  q/k heads: RMSNorm (warp shuffle sum, fp32), weight,
-NeoX rotation of the first 64 dims (partner dims i, i+32 sit in lanes l, l^8), rounded to bf16 once.
-q goes to the q output; k and v go straight into the cache slot slot_mapping[t] (skipped when -1).
-The cache copy that the answer returns is made by torch (clone).
+NeoX rotation of the first 64 dims with the bf16 cos/sin table (partner dims i, i+32 sit in lanes
+l, l^8), rounded to bf16 once (more accurate than the reference's bf16 steps).  q goes to the q
+output; k and v go straight into kv_cache[0 / 1] at slot_mapping[t] (skipped when -1).
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
 import tvm
 from tvm.script import tirx as T
 
-EPS = 1e-5
 D = 128
 WARPS = 4
 
 
-def _make(H: int, KV: int, BS: int, RH: int):
+def _make(H: int, KV: int, BS: int, RH: int, EPS: float):
     TOT = H + 2 * KV
     C = TOT * D
 
@@ -30,7 +29,7 @@ def _make(H: int, KV: int, BS: int, RH: int):
         POS = T.match_buffer(pos_h, (ntok,), "int64")
         QW = T.match_buffer(qw_h, (D,), "bfloat16", align=16)
         KW = T.match_buffer(kw_h, (D,), "bfloat16", align=16)
-        CS = T.match_buffer(cs_h, (mp, 2 * RH), "float32", align=16)
+        CS = T.match_buffer(cs_h, (mp, 2 * RH), "bfloat16", align=16)
         SLOT = T.match_buffer(slot_h, (ntok,), "int64")
         CACHE = T.match_buffer(cache_h, (rows, D), "bfloat16", align=16)
         QO = T.match_buffer(q_h, (ntok * H, D), "bfloat16", align=16)
@@ -64,20 +63,20 @@ def _make(H: int, KV: int, BS: int, RH: int):
                     other: T.float32 = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), v[e], RH // 4, 32, 32)
                     d = T.meta_var(lane * 4 + e)
                     if d < RH:
-                        yr[e] = T.Cast("bfloat16", v[e] * CS[p, d] - other * CS[p, RH + d])
+                        yr[e] = T.Cast("bfloat16", v[e] * T.Cast("float32", CS[p, d])
+                                       - other * T.Cast("float32", CS[p, RH + d]))
                     elif d < 2 * RH:
-                        yr[e] = T.Cast("bfloat16", v[e] * CS[p, d - RH] + other * CS[p, d])
+                        yr[e] = T.Cast("bfloat16", v[e] * T.Cast("float32", CS[p, d - RH])
+                                       + other * T.Cast("float32", CS[p, d]))
                     else:
                         yr[e] = T.Cast("bfloat16", v[e])
                 if hh < H:
                     T.tile.copy(QO[t * H + hh, lane * 4:lane * 4 + 4], yr[:])
-                elif slot >= T.int64(0):
-                    s: T.let = T.Cast("int32", slot)
-                    row: T.let = ((s // BS * 2) * BS + s % BS) * KV + (hh - H)
+                elif slot >= T.int64(0):  # cache [2, blocks, BS, KV, D] as rows: k at slot * KV + head
+                    row: T.let = T.Cast("int32", slot) * KV + (hh - H)
                     T.tile.copy(CACHE[row, lane * 4:lane * 4 + 4], yr[:])
-            elif slot >= T.int64(0):
-                s: T.let = T.Cast("int32", slot)
-                row: T.let = ((s // BS * 2 + 1) * BS + s % BS) * KV + (hh - H - KV)
+            elif slot >= T.int64(0):  # v rows follow the k half of the cache
+                row: T.let = rows // 2 + T.Cast("int32", slot) * KV + (hh - H - KV)
                 T.tile.copy(CACHE[row, lane * 4:lane * 4 + 4], xr[:])
 
     return qk_norm_rope_kv
@@ -97,27 +96,26 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _shape_key(qkv, cos_sin_cache, kv_cache):
+def _shape_key(qkv, cos_sin_cache, kv_cache, eps):
     _, _, block_size, kv_heads, head_dim = kv_cache.shape
     assert head_dim == D
     heads = qkv.shape[1] // head_dim - 2 * kv_heads
-    return heads, kv_heads, block_size, cos_sin_cache.shape[1] // 2
+    return heads, kv_heads, block_size, cos_sin_cache.shape[1] // 2, float(eps)
 
 
-def _prepare(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, arch=None):
-    key = _shape_key(qkv, cos_sin_cache, kv_cache)
+def _prepare(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, eps, arch=None):
+    key = _shape_key(qkv, cos_sin_cache, kv_cache, eps)
     if key not in _COMPILED:
         assert key[3] % 4 == 0 and 2 * key[3] <= D
         _COMPILED[key] = _build(_make(*key), arch or _arch())
     return [_COMPILED[key]]
 
 
-def solve(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache):
-    (exe,) = _prepare(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache)
-    heads = _shape_key(qkv, cos_sin_cache, kv_cache)[0]
+def solve(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, eps):
+    (exe,) = _prepare(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, eps)
+    heads = _shape_key(qkv, cos_sin_cache, kv_cache, eps)[0]
     tokens = qkv.shape[0]
-    new_cache = kv_cache.clone()
     q = torch.empty(tokens, heads, D, dtype=qkv.dtype, device=qkv.device)
     exe(qkv.contiguous(), positions.contiguous(), q_norm_weight.contiguous(), k_norm_weight.contiguous(),
-        cos_sin_cache.contiguous(), slot_mapping.contiguous(), new_cache.view(-1, D), q.view(-1, D))
-    return q, new_cache
+        cos_sin_cache.contiguous(), slot_mapping.contiguous(), kv_cache.view(-1, D), q.view(-1, D))
+    return q

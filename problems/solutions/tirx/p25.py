@@ -1,8 +1,8 @@
-"""p25 paged KV-cache block copy (uint8) in TIRx: one fused gather kernel writes both new caches.
+"""p25 paged KV-cache block copy (uint8, in place) in TIRx: one kernel copies both caches' blocks.
 
-For output block b the source is s(b) = src of the pair whose dst is b, else b itself; every output
-block is one 128-bit-vectorized copy of block s(b), so both caches are read once and written once
-(the SOL traffic) instead of clone + index copy.  The pair lookup runs inside the kernel.
+One CTA per (src, dst) pair of block_mapping copies block src of src_k and src_v into block dst of
+dst_k and dst_v with 128-bit vectorized loads and stores: only the mapped blocks are read and written
+(the SOL traffic); every other destination block is left as it is.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -18,40 +18,31 @@ def _make(words: int):
     ITERS = (NVEC + THREADS - 1) // THREADS
 
     @T.prim_func
-    def block_copy(kin: T.handle, vin: T.handle, mp: T.handle, kout: T.handle, vout: T.handle):
+    def block_copy(ks_h: T.handle, vs_h: T.handle, mp: T.handle, kd_h: T.handle, vd_h: T.handle):
         nb = T.int32()
         npairs = T.int32()
-        KI = T.match_buffer(kin, (nb, words), "int32", align=16)
-        VI = T.match_buffer(vin, (nb, words), "int32", align=16)
+        KS = T.match_buffer(ks_h, (nb, words), "int32", align=16)
+        VS = T.match_buffer(vs_h, (nb, words), "int32", align=16)
         M = T.match_buffer(mp, (npairs, 2), "int64", align=16)
-        KO = T.match_buffer(kout, (nb, words), "int32", align=16)
-        VO = T.match_buffer(vout, (nb, words), "int32", align=16)
+        KD = T.match_buffer(kd_h, (nb, words), "int32", align=16)
+        VD = T.match_buffer(vd_h, (nb, words), "int32", align=16)
         T.device_entry()
-        b = T.cta_id([nb])
+        p = T.cta_id([npairs])
         tx = T.thread_id([THREADS])
-        src_s = T.alloc_shared((1,), "int32")
         rk = T.alloc_local((ITERS * VEC,), "int32")
         rv = T.alloc_local((ITERS * VEC,), "int32")
-        if tx == 0:
-            src_s[0] = b
-        T.cuda.cta_sync()
-        for j in T.serial(T.ceildiv(npairs, THREADS)):
-            p = T.meta_var(j * THREADS + tx)
-            if p < npairs:
-                if M[p, 1] == T.Cast("int64", b):
-                    src_s[0] = T.Cast("int32", M[p, 0])
-        T.cuda.cta_sync()
-        src: T.let = src_s[0]
+        src: T.let = T.Cast("int32", M[p, 0])
+        dst: T.let = T.Cast("int32", M[p, 1])
         for i in T.unroll(ITERS):
             w = T.meta_var((i * THREADS + tx) * VEC)
             if w < words:
-                T.tile.copy(rk[i * VEC:(i + 1) * VEC], KI[src, w:w + VEC])
-                T.tile.copy(rv[i * VEC:(i + 1) * VEC], VI[src, w:w + VEC])
+                T.tile.copy(rk[i * VEC:(i + 1) * VEC], KS[src, w:w + VEC])
+                T.tile.copy(rv[i * VEC:(i + 1) * VEC], VS[src, w:w + VEC])
         for i in T.unroll(ITERS):
             w = T.meta_var((i * THREADS + tx) * VEC)
             if w < words:
-                T.tile.copy(KO[b, w:w + VEC], rk[i * VEC:(i + 1) * VEC])
-                T.tile.copy(VO[b, w:w + VEC], rv[i * VEC:(i + 1) * VEC])
+                T.tile.copy(KD[dst, w:w + VEC], rk[i * VEC:(i + 1) * VEC])
+                T.tile.copy(VD[dst, w:w + VEC], rv[i * VEC:(i + 1) * VEC])
 
     return block_copy
 
@@ -70,8 +61,8 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(key_cache, value_cache, block_mapping, arch=None):
-    block_bytes = key_cache[0].numel()
+def _prepare(src_k, src_v, dst_k, dst_v, block_mapping, arch=None):
+    block_bytes = src_k[0].numel()
     assert block_bytes % 16 == 0
     words = block_bytes // 4
     if words not in _COMPILED:
@@ -79,12 +70,9 @@ def _prepare(key_cache, value_cache, block_mapping, arch=None):
     return [_COMPILED[words]]
 
 
-def solve(key_cache, value_cache, block_mapping):
-    (exe,) = _prepare(key_cache, value_cache, block_mapping)
-    nb = key_cache.shape[0]
-    new_key = torch.empty_like(key_cache)
-    new_value = torch.empty_like(value_cache)
-    as_words = lambda t: t.view(nb, -1).view(torch.int32)  # noqa: E731  (zero-copy reinterpret)
-    exe(as_words(key_cache.contiguous()), as_words(value_cache.contiguous()),
-        block_mapping.to(torch.int64).contiguous(), as_words(new_key), as_words(new_value))
-    return new_key, new_value
+def solve(src_k, src_v, dst_k, dst_v, block_mapping):
+    (exe,) = _prepare(src_k, src_v, dst_k, dst_v, block_mapping)
+    nb = src_k.shape[0]
+    as_words = lambda t: t.view(nb, -1).view(torch.int32)  # noqa: E731  (zero-copy reinterpret, in place)
+    exe(as_words(src_k.contiguous()), as_words(src_v.contiguous()), block_mapping.to(torch.int64).contiguous(),
+        as_words(dst_k), as_words(dst_v))
