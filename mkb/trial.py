@@ -29,7 +29,7 @@ from mkb.store import Store, now
 log = logging.getLogger(__name__)
 
 SANDBOXES = ("local", "docker", "none")
-"""local: bubblewrap (plain subprocess, loudly, where it cannot run); docker: a container; none: no isolation."""
+"""local: bubblewrap; docker: a container; none: no isolation. Unisolated commands need MKB_UNSAFE_SANDBOX."""
 
 
 def arm_for(dsl: Dsl, with_skill: bool) -> Arm:
@@ -45,7 +45,7 @@ def make_executor(sandbox: str, workspace: Path, settings: Settings, image: str)
         from mkb.agent.docker_executor import DockerExecutor
 
         return DockerExecutor(workspace, image)
-    return LocalExecutor(workspace, isolate=sandbox == "local",
+    return LocalExecutor(workspace, isolate=sandbox == "local", allow_unsafe=settings.unsafe_sandbox,
                          hide=(settings.home, settings.problems_dir, settings.solutions_path))
 
 

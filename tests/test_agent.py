@@ -664,6 +664,7 @@ def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_pa
     from conftest import TEST_IMAGE
 
     from mkb.agent.docker_executor import DockerExecutor
+    from mkb.agent.limits import SandboxLimits
 
     llm_server.script([
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL}),
@@ -672,7 +673,7 @@ def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_pa
         reply(calls=[call("finish", {})]),
     ])
     workspace = prepare_workspace(P28, Dsl.CUTEDSL, tmp_path / "ws", PROBLEMS)
-    executor = DockerExecutor(workspace, TEST_IMAGE, cpus=1, memory="512m", client=docker_engine)
+    executor = DockerExecutor(workspace, TEST_IMAGE, limits=SandboxLimits(cpus=1, memory_mb=512), client=docker_engine)
     judge, transcript = FakeJudge(), []
     try:
         config = parse_model_spec("openai/gpt-x", llm_server.base_url)

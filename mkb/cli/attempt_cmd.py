@@ -10,8 +10,8 @@ from mkb.cli import console, emit, output_options, settings_from
 from mkb.errors import MkbError
 from mkb.records import DSLS, Dsl
 
-SANDBOX_HELP = ("local: bubblewrap (falls back loudly to a plain subprocess); docker: a container from --image; "
-                "none: no isolation.")
+SANDBOX_HELP = ("local: bubblewrap (refused where it cannot run, unless MKB_UNSAFE_SANDBOX=1); docker: a container "
+                "from --image; none: no isolation (needs MKB_UNSAFE_SANDBOX=1).")
 
 
 def run_options(fn):

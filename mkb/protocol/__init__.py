@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mkb import environment
 from mkb.agent.budget import Budget
+from mkb.agent.sandboxes import check_sandbox
 from mkb.agent.prompts import Gpu
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, select
@@ -205,7 +206,12 @@ def judge_grader(settings, device: str):
 
 def executor_factory(sandbox: str, image: str, settings: Settings):
     """A workspace executor per attempt (bubblewrap on this host, or a Docker container); the sandbox
-    hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`."""
+    hides MKB_HOME, the problem set and the solutions from the agent, as in `mkb attempt`.
+
+    Raises:
+        ConfigError: attempts could not open this sandbox here (said once, before any trial starts).
+    """
+    check_sandbox(sandbox, allow_unsafe=settings.unsafe_sandbox, image=image)
     return lambda workdir: make_executor(sandbox, workdir, settings, image)
 
 __all__ = ["RunRequest", "make_plan", "oracle_problems", "check_stale", "run_model", "drive", "ORACLE"]
