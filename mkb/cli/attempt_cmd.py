@@ -95,6 +95,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     from pathlib import Path
 
     from mkb.agent import Budget, ChatModel, parse_model_spec
+    from mkb.agent.sandboxes import check_sandbox
     from mkb.problems import catalog_for, resolve
     from mkb.store import Store
     from mkb.trial import run_trial
@@ -115,6 +116,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     skill_text = Path(skill).read_text(encoding="utf-8") if skill else None
     if skill_text is not None and not skill_text.strip():
         raise MkbError(f"--skill {skill} is empty: a skill arm needs a skill to transfer. Drop --skill for a solo attempt.")
+    check_sandbox(sandbox, allow_unsafe=settings.unsafe_sandbox, image=image)
     with Store(settings.db_path) as store:
         console.print(f"{info.id} {dsl} with {config.spec}: sandbox {sandbox}, judge on {device}, db {settings.db_path}")
         recorded = run_trial(store, settings, info, Dsl(dsl), config, model, grade=grade, budget=budget,
@@ -137,10 +139,12 @@ def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=
     \b
         mkb replay p28_r1_solo_cutedsl --device cuda --json
     """
+    from mkb.agent.sandboxes import check_sandbox
     from mkb.store import Store
     from mkb.trial import replay as replay_attempt
 
     settings = settings_from(ctx, db=db)
+    check_sandbox(sandbox, allow_unsafe=settings.unsafe_sandbox, image=image)
     device, gpu = _device_and_gpu(device, settings)
     grade_for = _judge(device, settings)
     with Store(settings.db_path) as store:
