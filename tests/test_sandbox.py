@@ -24,7 +24,7 @@ from mkb.agent.executor import LocalExecutor, bwrap_problem
 from mkb.agent.limits import SandboxLimits
 
 REPO = Path(__file__).resolve().parent.parent
-LIMITS = SandboxLimits(memory_mb=512, pids=256, cpus=1, disk_mb=256, shm_mb=64)
+LIMITS = SandboxLimits(memory_mb=512, pids=256, cpus=1, disk_mb=256, files=2000, shm_mb=64)
 
 KNOWN_DIFFERENCES: dict[str, dict[str, str]] = {
     "bwrap": {},
@@ -254,6 +254,15 @@ def test_toolchain_runs_in_the_sandbox(backend):
         assert "No module named 'mkb'" in result.output
 
 
+def test_nothing_but_the_workspace_and_tmp_takes_unbounded_writes(backend):
+    name, ex = backend
+    expect(name, "read_only_system")
+    probe = ("for d in / /dev /usr /etc /opt /var /home /run /srv /mnt; do [ -d $d ] || continue; "
+             "if touch $d/mkb-probe 2>/dev/null; then echo $d $(df -k --output=size $d | tail -1); fi; done")
+    writable = [line.split() for line in ex.exec(probe, timeout_s=30).output.splitlines()]
+    assert all(int(size_kib) <= max(LIMITS.shm_mb, 64) * 1024 for _, size_kib in writable), writable
+
+
 def test_system_directories_are_read_only_and_cannot_be_remounted(backend):
     name, ex = backend
     expect(name, "read_only_system")
@@ -315,6 +324,18 @@ def test_the_workspace_and_tmp_cannot_grow_past_the_disk_limit(backend, where):
     cleaned = ex.exec(f"rm -f {folder}/f* {folder}/more; head -c 1m /dev/zero > {folder}/small; echo rc=$?",
                       timeout_s=30)
     assert cleaned.output.strip().endswith("rc=0") and cleaned.exit_code == 0
+
+
+@pytest.mark.parametrize("where", ["the workspace", "tmp"])
+def test_the_workspace_and_tmp_cannot_hold_more_files_than_the_limit(backend, where):
+    _, ex = backend
+    folder = "." if where == "the workspace" else "$TMPDIR/many"
+    result = ex.exec(f"mkdir -p {folder}/m && cd {folder}/m && for i in $(seq 6000); do : > f$i || break; done; "
+                     f"ls | wc -l", timeout_s=120)
+    assert not result.timed_out
+    assert int(ex.exec(f"ls {folder}/m | wc -l", timeout_s=30).output) < 2 * LIMITS.files
+    cleaned = ex.exec(f"rm -rf {folder}/m && : > {folder}/one && echo ok", timeout_s=60)
+    assert cleaned.output.strip() == "ok"
 
 
 def test_dev_shm_is_capped(backend):

@@ -78,14 +78,19 @@ def bwrap_prefix(root: Path, tmp: Path, hide: Iterable[Path], shm_mb: int) -> li
     masks = [Path(h).resolve() for h in hide]
     masks = sorted({m for m in masks if m.exists()} | {m.with_name(m.name + ".wal") for m in masks if m.is_file()
                                                          and m.with_name(m.name + ".wal").exists()})
-    inside_tools = [m for m in masks if any(m.is_relative_to(t) for t in tools)]
-    args += _masks(m for m in masks if m not in inside_tools and any(m.is_relative_to(t) for t in SYSTEM_DIRS))
+    late = [m for m in masks if any(m.is_relative_to(t) for t in tools)]
+    early = [m for m in masks if m not in late and any(m.is_relative_to(t) for t in SYSTEM_DIRS)]
+    args += _masks(early)
     # /tmp first: a toolchain that lives under /tmp (a checkout there, as in CI) is bound on top of it
     args += ["--bind", str(tmp), "/tmp"]
     for tool in tools:
         args += ["--ro-bind", str(tool), str(tool)]
-    args += _masks(inside_tools)
-    return args + ["--bind", str(root), WORKDIR, "--chdir", WORKDIR, "--"]
+    args += _masks(late)
+    args += ["--bind", str(root), WORKDIR]
+    # Run as root, bubblewrap's new root, its /dev and the masks are writable tmpfs of the host's RAM size: read-only
+    for top in ["/dev", *(str(m) for m in early + late if m.is_dir()), "/"]:
+        args += ["--remount-ro", top]
+    return args + ["--chdir", WORKDIR, "--"]
 
 
 def _masks(paths: Iterable[Path]) -> list[str]:

@@ -73,12 +73,12 @@ class DockerExecutor:
         self._env = child_env(home="/tmp")
         cpus, cpus_note = capped_cpus(limits, int(self.client.info().get("NCPU") or 1))
         self.limits = {"memory": f"{limits.memory_mb} MiB for all processes (container)", "pids": str(limits.pids),
-                       "cpus": cpus_note, "disk": f"workspace and /tmp {limits.disk_mb} MiB each (tmpfs volumes), "
-                                                 f"files up to {limits.disk_mb} MiB",
+                       "cpus": cpus_note, "disk": f"workspace and /tmp {limits.disk_mb} MiB and {limits.files} files "
+                                                 f"each (tmpfs volumes), files up to {limits.disk_mb} MiB",
                        "shm": f"{limits.shm_mb} MiB", "strays": "killed with the command (kill -1)"}
         self.volumes: list = []
         try:
-            self.volumes += [self._volume(limits.disk_mb) for _ in range(2)]
+            self.volumes += [self._volume(limits) for _ in range(2)]
             self.container = self.client.containers.run(
                 image, ["sleep", "infinity"], detach=True, network_mode="none", read_only=True,
                 volumes={self.volumes[0].name: {"bind": WORKDIR, "mode": "rw"},
@@ -99,10 +99,11 @@ class DockerExecutor:
         self._owner = self._user()
         self._upload(Path(workspace))
 
-    def _volume(self, size_mb: int):
+    def _volume(self, limits: SandboxLimits):
         return self.client.volumes.create(
             name=f"mkb-attempt-{uuid.uuid4().hex[:12]}", driver="local", labels={"mkb.role": "attempt"},
-            driver_opts={"type": "tmpfs", "device": "tmpfs", "o": f"size={size_mb}m,mode=1777"})
+            driver_opts={"type": "tmpfs", "device": "tmpfs",
+                         "o": f"size={limits.disk_mb}m,nr_inodes={limits.files},mode=1777"})
 
     def _user(self) -> tuple[int, int]:
         """The uid and gid commands run as: files put into the container are theirs."""

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from mkb.agent.bwrap import SYSTEM_DIRS, WORKDIR, bwrap_prefix, bwrap_problem, sandbox_path, sizes_tmpfs
 from mkb.agent.cgroups import open_cgroup
-from mkb.agent.limits import MIB, DiskWatch, SandboxLimits, apply_rlimits, capped_cpus, host_cpus, rlimits
+from mkb.agent.limits import DiskWatch, SandboxLimits, apply_rlimits, capped_cpus, host_cpus, rlimits
 from mkb.agent.sandboxes import isolation_problem, refusal
 from mkb.settings import environment, load_settings
 
@@ -182,7 +182,7 @@ class LocalExecutor:
         self.root = Path(workspace).resolve()
         self.tmp = self.root.parent / (self.root.name + ".tmp")
         self.tmp.mkdir(parents=True, exist_ok=True)
-        self.disk_bytes = limits.disk_mb * MIB
+        self.sandbox_limits = limits
         cpus, cpus_note = capped_cpus(limits, host_cpus())
         self.cgroup, cgroup_note = open_cgroup(limits, cpus) if cgroup else (None, "no cgroup was asked for")
         self._rlimits = rlimits(limits, memory=self.cgroup is None)
@@ -206,7 +206,8 @@ class LocalExecutor:
                 f"{limits.memory_mb} MiB address space per process (RLIMIT_AS; {cgroup_note})",
                 "pids": f"{limits.pids} ({by})" if by else f"not capped ({cgroup_note})",
                 "cpus": f"{cpus_note} ({by})" if by else f"not capped ({cgroup_note})",
-                "disk": f"workspace and /tmp {limits.disk_mb} MiB each (watched), files up to {limits.disk_mb} MiB",
+                "disk": f"workspace and /tmp {limits.disk_mb} MiB and {limits.files} files each (watched), "
+                        f"files up to {limits.disk_mb} MiB",
                 "shm": shm, "strays": "killed with the command (" + (
                     "PID namespace" if self.isolation == "bwrap" else by or f"not tracked: {cgroup_note}") + ")"}
 
@@ -225,7 +226,7 @@ class LocalExecutor:
         capture = OutputCapture(output_limit)
         reader = threading.Thread(target=capture.drain, args=(proc.stdout,), daemon=True)
         reader.start()
-        with DiskWatch({"the workspace": self.root, "/tmp": self.tmp}, self.disk_bytes,
+        with DiskWatch({"the workspace": self.root, "/tmp": self.tmp}, self.sandbox_limits,
                        lambda: self._stop(proc.pid)) as disk:
             try:
                 exit_code, timed_out = proc.wait(timeout=max(0.01, timeout_s)), False

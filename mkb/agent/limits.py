@@ -28,6 +28,8 @@ class SandboxLimits(Record):
     """CPU time per second of wall clock (a quota, not pinning); capped to the CPUs the host has."""
     disk_mb: int = 4096
     """What the workspace and the private /tmp may each hold, in MiB; also the largest single file."""
+    files: int = 100_000
+    """Files and directories the workspace and the private /tmp may each hold (inodes)."""
     shm_mb: int = 512
     """Size of /dev/shm, in MiB."""
 
@@ -62,13 +64,14 @@ def apply_rlimits(pairs: list[tuple[int, int]]) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def allocated_bytes(root: Path) -> int:
-    """Bytes allocated to the files under root (sparse files count what they use); links are not followed."""
-    total, stack = 0, [str(root)]
+def usage(root: Path) -> tuple[int, int]:
+    """(bytes allocated, entries) under root: sparse files count what they use; links are not followed."""
+    total, entries, stack = 0, 0, [str(root)]
     while stack:
         try:
-            with os.scandir(stack.pop()) as entries:
-                for entry in entries:
+            with os.scandir(stack.pop()) as found:
+                for entry in found:
+                    entries += 1
                     try:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
@@ -78,23 +81,28 @@ def allocated_bytes(root: Path) -> int:
                         continue
         except OSError:
             continue
-    return total
+    return total, entries
 
 
 class DiskWatch:
-    """Polls the size of some directories while a command runs and calls on_over once when one of them has
-    grown past max(its limit, its size when the command started): a command can always delete, never grow a
-    directory that is over its limit. The overshoot is bounded by the poll interval and RLIMIT_FSIZE."""
+    """Polls some directories while a command runs and calls on_over once when one of them has grown past
+    max(its limit, what it held when the command started), in bytes or in entries: a command can always
+    delete, never grow a directory that is over a limit. The overshoot is bounded by the poll interval (and,
+    for bytes, RLIMIT_FSIZE)."""
 
-    def __init__(self, dirs: dict[str, Path], limit_bytes: int, on_over: Callable[[], None], interval_s: float = 0.2):
+    def __init__(self, dirs: dict[str, Path], limits: SandboxLimits, on_over: Callable[[], None],
+                 interval_s: float = 0.2):
         """Args:
             dirs: what each directory is called in the notice (e.g. "the workspace", "/tmp") -> its host path.
         """
         self.dirs = {label: Path(d) for label, d in dirs.items()}
-        self.limit_bytes, self.on_over, self.interval_s = limit_bytes, on_over, interval_s
-        self.allowed = {label: max(limit_bytes, allocated_bytes(d)) for label, d in self.dirs.items()}
+        self.limits, self.on_over, self.interval_s = limits, on_over, interval_s
+        self.allowed = {}
+        for label, d in self.dirs.items():
+            used, entries = usage(d)
+            self.allowed[label] = (max(limits.disk_mb * MIB, used), max(limits.files, entries))
         self.over: str | None = None
-        """Which directory went over its limit, for the command's output; None while none has."""
+        """Which directory went over which limit, for the command's output; None while none has."""
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="disk-watch", daemon=True)
 
@@ -111,9 +119,11 @@ class DiskWatch:
         while not self._done.wait(wait):
             started = time.monotonic()
             for label, d in self.dirs.items():
-                used = allocated_bytes(d)
-                if used > self.allowed[label]:
-                    self.over = f"{label} held {used // MIB} MiB, over the sandbox's {self.limit_bytes // MIB} MiB limit"
+                (used, entries), (max_bytes, max_entries) = usage(d), self.allowed[label]
+                if used > max_bytes or entries > max_entries:
+                    self.over = (f"{label} held {used // MIB} MiB, over the sandbox's {self.limits.disk_mb} MiB limit"
+                                 if used > max_bytes else
+                                 f"{label} held {entries} files, over the sandbox's {self.limits.files} limit")
                     self.on_over()
                     return
             wait = max(self.interval_s, 5 * (time.monotonic() - started))  # a huge tree is polled less often
