@@ -354,3 +354,15 @@ def test_cpu_time_is_capped(backend):
     user, system = result.output.split()[-2:]  # the children's user and system time, e.g. 1m2.003s
     seconds = sum(float(t.split("m")[0]) * 60 + float(t.split("m")[1].rstrip("s")) for t in (user, system))
     assert seconds < 2 * LIMITS.cpus * 1.25
+
+
+def test_a_tree_too_deep_to_walk_is_removed_not_hidden_in(backend):
+    name, ex = backend
+    deep = "d/" * 80
+    result = ex.exec(f"mkdir -p {deep} && head -c 100m /dev/zero > {deep}f; chmod 000 d; echo made", timeout_s=60)
+    assert "made" in result.output or "killed" in result.output
+    if name == "docker":  # tmpfs volumes count every byte at any depth: nothing to remove
+        assert "d" in ex.exec("ls", timeout_s=30).output.split()
+        return
+    assert "deeper than 64 levels" in result.output
+    assert "d" not in ex.exec("ls", timeout_s=30).output.split()

@@ -16,7 +16,8 @@ from typing import Protocol
 
 from mkb.agent.bwrap import SYSTEM_DIRS, WORKDIR, bwrap_prefix, bwrap_problem, sandbox_path, sizes_tmpfs
 from mkb.agent.cgroups import open_cgroup
-from mkb.agent.limits import DiskWatch, SandboxLimits, apply_rlimits, capped_cpus, host_cpus, rlimits
+from mkb.agent.diskwatch import DiskWatch
+from mkb.agent.limits import SandboxLimits, apply_rlimits, capped_cpus, host_cpus, rlimits
 from mkb.agent.sandboxes import isolation_problem, refusal
 from mkb.settings import environment, load_settings
 
@@ -220,25 +221,28 @@ class LocalExecutor:
     def exec(self, command: str, timeout_s: float, output_limit: int = 20_000) -> ExecResult:
         started = time.monotonic()
         oom_before = self.cgroup.oom_kills() if self.cgroup else 0
+        launched: list[int] = []
+        disk = DiskWatch({"the workspace": self.root, "/tmp": self.tmp}, self.sandbox_limits,
+                         lambda: [self._stop(pid) for pid in launched])
         proc = subprocess.Popen([*self._prefix, "bash", "-c", command], cwd=self.root, env=self._env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True, preexec_fn=self._enter)
+        launched.append(proc.pid)
         capture = OutputCapture(output_limit)
         reader = threading.Thread(target=capture.drain, args=(proc.stdout,), daemon=True)
         reader.start()
-        with DiskWatch({"the workspace": self.root, "/tmp": self.tmp}, self.sandbox_limits,
-                       lambda: self._stop(proc.pid)) as disk:
+        with disk:
             try:
                 exit_code, timed_out = proc.wait(timeout=max(0.01, timeout_s)), False
             except subprocess.TimeoutExpired:
                 exit_code, timed_out = None, True
-        self._stop(proc.pid)  # also ends background jobs left behind by a command that exited
+            self._stop(proc.pid)  # also ends background jobs left behind by a command that exited
         proc.wait()
         reader.join(timeout=2.0)  # a plain-subprocess job that left the group may hold the pipe
         if not reader.is_alive():
             proc.stdout.close()
         output, omitted = capture.result()
-        output += "".join(f"\n[{note}]\n" for note in self._notices(disk.over, oom_before))
+        output += "".join(f"\n[{note}]\n" for note in self._notices(disk.notices, oom_before))
         return ExecResult(exit_code, output, timed_out, omitted, time.monotonic() - started)
 
     def _stop(self, pid: int) -> None:
@@ -246,8 +250,8 @@ class LocalExecutor:
         if self.cgroup is not None:
             self.cgroup.kill_all()
 
-    def _notices(self, disk_over: str | None, oom_before: int) -> list[str]:
-        notes = [f"the command was killed: {disk_over}; delete files to go on"] if disk_over else []
+    def _notices(self, disk: list[str], oom_before: int) -> list[str]:
+        notes = list(disk)
         if self.cgroup is not None and self.cgroup.oom_kills() > oom_before:
             notes.append(f"a process was killed for passing the sandbox's memory limit ({self.limits['memory']})")
         return notes
