@@ -366,3 +366,12 @@ def test_a_tree_too_deep_to_walk_is_removed_not_hidden_in(backend):
         return
     assert "deeper than 64 levels" in result.output
     assert "d" not in ex.exec("ls", timeout_s=30).output.split()
+
+
+def test_strays_end_even_when_the_command_kills_what_runs_it(backend):
+    name, ex = backend
+    expect(name, "hidden_host")  # unisolated, $PPID is the runner itself
+    enforced(ex, "strays")
+    result = ex.exec("setsid sleep 315.25 & sleep 0.2; kill -9 $PPID 2>/dev/null; echo done", timeout_s=20)
+    assert not result.timed_out
+    assert _gone("315.25")

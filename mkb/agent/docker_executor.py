@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 _DIR_BIT, _LINK_BIT = 1 << 31, 1 << 27  # Go's os.FileMode bits, as the engine reports them
 # Runs the command as its own process group (job control) and, when it exits, kills every other process in
 # the container but its keep-alive (PID 1): background jobs and those that left with setsid end with their
-# command, as under bubblewrap. The command's stderr joins its stdout on one pipe (Docker would reorder two
+# command, as under bubblewrap (exec then kills them again from outside, in case the command killed this). The command's stderr joins its stdout on one pipe (Docker would reorder two
 # streams); the shell's own job notices go to /dev/null.
 _GROUP_WRAPPER = 'exec 2>/dev/null; set -m; bash -c "$1" 2>&1 & pid=$!; wait $pid; rc=$?; kill -9 -1; exit $rc'
 
@@ -87,7 +87,7 @@ class DockerExecutor:
                 pids_limit=limits.pids, shm_size=f"{limits.shm_mb}m", working_dir=WORKDIR, environment=self._env,
                 ulimits=[docker.types.Ulimit(name="fsize", soft=limits.disk_mb * MIB, hard=limits.disk_mb * MIB),
                          docker.types.Ulimit(name="core", soft=0, hard=0)],
-                security_opt=["no-new-privileges"], labels={"mkb.role": "attempt"})
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], labels={"mkb.role": "attempt"})
         except docker.errors.ImageNotFound:
             self._remove_volumes()
             raise ConfigError(f"Docker image '{image}' not found. Build it (make image), or choose another with "
@@ -132,9 +132,8 @@ class DockerExecutor:
         reader.start()
         reader.join(timeout=max(0.01, timeout_s))
         timed_out = reader.is_alive()
-        if timed_out:
-            self._kill_all()
-            reader.join(timeout=5.0)
+        self._kill_all()  # also when the command killed its wrapper before the wrapper's own kill -1
+        reader.join(timeout=5.0)
         exit_code = None if timed_out else api.exec_inspect(exec_id)["ExitCode"]
         output, omitted = capture.result()
         return ExecResult(exit_code, output, timed_out, omitted, time.monotonic() - started)
