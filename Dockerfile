@@ -14,7 +14,7 @@ ENV DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRI
     MKB_HOME=/results VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
 
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates gcc libc6-dev \
+ && apt-get install -y -qq --no-install-recommends python3 python3-venv ca-certificates gcc libc6-dev bubblewrap \
  && rm -rf /var/lib/apt/lists/*
 
 COPY build/wheelhouse /tmp/wheelhouse

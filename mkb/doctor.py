@@ -77,11 +77,14 @@ def _database(settings: Settings) -> Finding:
 
 
 def _sandbox() -> list[Finding]:
+    from mkb.agent.bwrap import bwrap_problem
+
     found = []
-    bwrap = shutil.which("bwrap")
-    found.append(Finding("sandbox (local)", "ok" if bwrap else "warn",
-                         f"bubblewrap at {bwrap}" if bwrap else "bubblewrap missing: attempts fall back to a plain subprocess",
-                         "" if bwrap else "apt-get install bubblewrap"))
+    problem = bwrap_problem()
+    found.append(Finding("sandbox (local)", "ok" if problem is None else "warn",
+                         "bubblewrap isolates attempts" if problem is None else
+                         f"{problem}: --sandbox local attempts are refused (unless MKB_UNSAFE_SANDBOX=1)",
+                         "" if problem is None else "apt-get install bubblewrap, or use --sandbox docker"))
     docker = shutil.which("docker")
     if docker:
         ok = subprocess.run(["docker", "version"], capture_output=True, timeout=20).returncode == 0

@@ -52,6 +52,8 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
+    unsafe_sandbox: bool = False
+    """Let agents' commands run unisolated (they can read the API key and every file) where bubblewrap cannot run or with --sandbox none; otherwise those attempts are refused."""
 
     @property
     def db_path(self) -> Path:

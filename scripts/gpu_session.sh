@@ -38,6 +38,12 @@ resume_db() {
   [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
     || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"
 }
+# The oracle stages (reference, reproduce, ray) run no agent commands: where bubblewrap cannot sandbox attempts
+# on this machine, they may run unisolated (mkb refuses that unless MKB_UNSAFE_SANDBOX is set).
+if ! bwrap --unshare-net --unshare-pid --ro-bind / / --proc /proc --dev /dev true 2>/dev/null; then
+  export MKB_UNSAFE_SANDBOX=${MKB_UNSAFE_SANDBOX:-1}
+  log "bubblewrap cannot run here: the oracle's attempts run unisolated (MKB_UNSAFE_SANDBOX=$MKB_UNSAFE_SANDBOX)"
+fi
 for stage in "$@"; do
   log "stage $stage"
   case $stage in

@@ -89,7 +89,7 @@ def demo_db(path: Path, models: tuple[str, ...] = ("model-a", "model-b", "model-
             for _ in range(FAMILY_SIZES[family]):
                 problems.append(add_problem(store, number, family))
                 number += 1
-        store.start_run("run-oracle", "reference", is_oracle=True)
+        add_run(store, "run-oracle", "reference", is_oracle=True)
         for m, model in enumerate((*models, "reference")):
             skill_pass = 0.35 + 0.1 * m
             for problem in problems:

@@ -6,8 +6,8 @@
     ... point a client at server.base_url ...
     server.requests                                        # the JSON bodies received, in order
 
-A step is a reply(), an error(), a hold() (blocks until released or a timeout), or a callable taking
-the request body and returning one of those. When the script runs out, the server answers 400.
+A step is a reply(), an error(), a raw() body (malformed replies), a hold() (blocks until released or a
+timeout), or a callable taking the request body and returning one of those. When the script runs out, the server answers 400.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def error(status: int, message: str = "scripted error", retry_after: float | Non
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
     return {"status": status, "headers": headers,
             "body": {"error": {"message": message, "type": "scripted", "code": status}}}
+
+
+def raw(body: str | bytes, status: int = 200, content_type: str = "application/json") -> dict:
+    """A reply whose body is sent byte for byte (malformed JSON, HTML from a proxy, a cut-off stream)."""
+    data = body.encode() if isinstance(body, str) else body
+    return {"status": status, "raw": data, "headers": {"Content-Type": content_type}}
 
 
 class Hold:
@@ -107,10 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
-    def _send(self, status: int, body: dict, headers: dict | None = None) -> None:
-        data = json.dumps(body).encode()
+    def _send(self, status: int, body: dict | None, headers: dict | None = None, data: bytes | None = None) -> None:
+        data = json.dumps(body).encode() if data is None else data
+        headers = dict(headers or {})
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", headers.pop("Content-Type", "application/json"))
         self.send_header("Content-Length", str(len(data)))
         for key, value in (headers or {}).items():
             self.send_header(key, value)
@@ -130,4 +137,4 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return
         step = self.server.next_step(body, dict(self.headers))
-        self._send(step["status"], step["body"], step.get("headers"))
+        self._send(step["status"], step.get("body"), step.get("headers"), step.get("raw"))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import jinja2
 import pytest
-from scripted_server import Hold, call, error, reply
+from click.testing import CliRunner
+from scripted_server import Hold, call, error, raw, reply
 
 from mkb.agent import (TOOL_NAMES, Budget, ChatModel, Gpu, LocalExecutor, ScriptedModel, parse_model_spec,
                        prepare_workspace, run_attempt, template_hashes, templates_sha256)
@@ -275,6 +276,41 @@ def test_retries_give_up_as_infra_error(run, llm_server):
     assert sleeps == [2.0, 4.0] and len(llm_server.requests) == 3
 
 
+_CHOICE = {"id": "c", "object": "chat.completion", "model": "scripted", "created": 0}
+MALFORMED = {
+    "not JSON": (raw('{"choices": [{"message": '), "the body is not JSON"),
+    "an HTML page from a proxy": (raw("<html>502 Bad Gateway</html>", content_type="text/html"), "not JSON"),
+    "an empty body": (raw(""), "the body is not JSON"),
+    "a JSON array": (raw("[1, 2]"), "the body is an array in JSON, not an object"),
+    "choices not a list": (raw(json.dumps({**_CHOICE, "choices": "none"})), "'choices' is a string, not a list"),
+    "a choice without a message": (raw(json.dumps({**_CHOICE, "choices": [{"index": 0}]})),
+                                   "choices[0] has no message object"),
+    "tool calls not objects": (raw(json.dumps({**_CHOICE, "choices": [{"message": {"tool_calls": [7]}}]})),
+                               "tool_calls[0] is a number, not an object"),
+}
+
+
+@pytest.mark.parametrize("name", MALFORMED)
+def test_a_malformed_reply_with_http_200_ends_the_attempt_as_infra_error(run, llm_server, name):
+    step, words = MALFORMED[name]
+    result, transcript, sleeps, judge = run([step])
+    assert (result.state, result.status, result.ending) == ("infra_error", Status.INFRA_ERROR, "provider")
+    assert result.message.startswith("HTTP 200 from the provider with a malformed reply: ") and words in result.message
+    assert len(llm_server.requests) == 1 and sleeps == [] and judge.sources == []
+    assert [m["role"] for m in transcript] == ["system", "user"]
+
+
+def test_odd_but_usable_reply_fields_are_kept_or_dropped_not_fatal(run):
+    body = {**_CHOICE, "usage": "lots", "choices": [{"finish_reason": 3, "message": {
+        "content": [{"type": "text", "text": "thinking "}, {"type": "text", "text": "aloud"}],
+        "tool_calls": [{"id": "c1", "function": {"name": "finish", "arguments": {}}}, {"id": "no-function"}]}}]}
+    result, transcript, _, _ = run([raw(json.dumps(body))])
+    assert result.state == "finished" and result.ending == "finish"
+    assert transcript[2]["content"] == "thinking aloud" and len(transcript[2]["tool_calls"]) == 1
+    assert transcript[2]["tool_calls"][0]["function"] == {"name": "finish", "arguments": "{}"}
+    assert "prompt_tokens" not in transcript[2]["extra"] and "finish_reason" not in transcript[2]["extra"]
+
+
 def test_context_overflow_ends_the_attempt_normally(run):
     result, _, _, judge = run([
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
@@ -395,6 +431,7 @@ def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_pa
     from conftest import TEST_IMAGE
 
     from mkb.agent.docker_executor import DockerExecutor
+    from mkb.agent.limits import SandboxLimits
 
     llm_server.script([
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL}),
@@ -403,7 +440,7 @@ def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_pa
         reply(calls=[call("finish", {})]),
     ])
     workspace = prepare_workspace(P28, Dsl.CUTEDSL, tmp_path / "ws", PROBLEMS)
-    executor = DockerExecutor(workspace, TEST_IMAGE, cpus=1, memory="512m", client=docker_engine)
+    executor = DockerExecutor(workspace, TEST_IMAGE, limits=SandboxLimits(cpus=1, memory_mb=512), client=docker_engine)
     judge, transcript = FakeJudge(), []
     try:
         config = parse_model_spec("openai/gpt-x", llm_server.base_url)
@@ -417,3 +454,26 @@ def test_an_attempt_runs_in_a_docker_container(docker_engine, llm_server, tmp_pa
     assert bash.startswith("exit code 0\n1\n") and "CONTRACT.md" in bash and "\n.\n" in bash
     assert (workspace / "kernel.py").read_text() == ""  # the container holds the only copy
     assert "/workspace" in llm_server.requests[0]["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("command", ["attempt", "run-model"])
+def test_a_malformed_reply_is_a_recorded_infra_error_in_attempt_and_run_model(command, llm_server, tmp_path):
+    """Both ways of running an attempt see the same error: stored as infra_error with the reason, no traceback."""
+    from mkb.cli import main
+    from mkb.store import Store
+
+    llm_server.script([raw("{not json")] * 4)
+    db = tmp_path / "malformed.duckdb"
+    endpoint = ["--base-url", llm_server.base_url, "--device", "cpu"]
+    argv = (["attempt", "p28", "--dsl", "cutedsl", "--model", "openai/gpt-x", *endpoint] if command == "attempt" else
+            ["run-model", "openai/gpt-x", "--problems", "p28", "--arms", "solo_cutedsl", "--concurrency", "1", *endpoint])
+    result = CliRunner().invoke(main, ["--db", str(db), *argv])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output
+    with Store(db, read_only=True) as store:
+        attempt = store.rows("SELECT state, status, message FROM attempts")[0]
+        trial = store.rows("SELECT state, status, message FROM trials")[0]
+    assert (attempt["state"], attempt["status"]) == ("infra_error", "infra_error")
+    assert (trial["state"], trial["status"]) == ("infra_error", "infra_error")
+    for message in (attempt["message"], trial["message"]):
+        assert "HTTP 200 from the provider with a malformed reply: the body is not JSON" in message

@@ -5,20 +5,23 @@ from __future__ import annotations
 import csv
 import json
 import math
+import random
 import re
 from pathlib import Path
 
 import matplotlib
 import pytest
-from analysis_db import add_cell_trials, add_problem, add_run, add_skill, build_known
+from analysis_db import add_cell_trials, add_problem, add_run, add_skill, add_trial, build_known
 from click.testing import CliRunner
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from mkb.analysis import figures
 from mkb.analysis.claims import load_claims
 from mkb.analysis.data import load_results
 from mkb.analysis.render import Column, Table, to_latex, to_markdown
 from mkb.cli import main
-from mkb.records import Arm
+from mkb.records import FAMILIES, Arm
 from mkb.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,3 +236,106 @@ def test_a_sparse_database_still_gives_every_table_and_figure(tmp_path):
     for name in FIGURES:
         assert (tmp_path / "r" / "figures" / f"{name}.png").stat().st_size > 0
     assert "no data" in (tmp_path / "r" / "tables" / "claims.md").read_text()
+
+
+# -- the figures as a reader sees them, on the three shapes a results database comes in ----------------------
+
+SHAPES = ("one-model", "oracle-only", "many-model")
+
+
+def _oracle_trials(store: Store, problems: list[str], speedups: list[tuple[float, ...]]) -> None:
+    """The reference oracle's trials as it records them: no tokens, no cost."""
+    add_run(store, "oracle-run", "reference", is_oracle=True)
+    for problem, per_arm in zip(problems, speedups):
+        for arm, speedup in zip((SC, ST, C2T, T2C), per_arm):
+            add_trial(store, "reference", problem, arm, speedup=speedup, prompt_tokens=0, completion_tokens=0,
+                      cost_usd=None, wall_s=30.0)
+
+
+def _oracle_only(store: Store) -> None:
+    """The shipped database's shape: the reference oracle alone."""
+    problems = [add_problem(store, n, "attention") for n in (1, 2, 3)]
+    _oracle_trials(store, problems, [(1.2, 1.1, 1.3, 1.0), (2.0, 3.0, 1.0, 4.0), (1.0, 1.0, 1.0, 1.0)])
+
+
+def _many_models(store: Store) -> None:
+    """Six models and the oracle over six problems, ratios from 1/64 to 64."""
+    rng = random.Random(3)
+    problems = [add_problem(store, n, family) for n, family in enumerate(FAMILIES, 1)]
+    for model in (f"provider/model-{k}" for k in range(6)):
+        for problem in problems:
+            add_cell_trials(store, model, problem, {arm: rng.choice((None, 2 ** rng.uniform(-6, 6))) for arm in Arm})
+    _oracle_trials(store, problems, [(1.5, 1.0, 2.0, 1.0)] * len(problems))
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> dict[str, object]:
+    """Results of a one-model database (ratios up to 32: clipped bars), an oracle-only one and a many-model one."""
+    found = {}
+    for shape, build in (("one-model", build_known), ("oracle-only", _oracle_only), ("many-model", _many_models)):
+        path = tmp_path_factory.mktemp(shape) / "mkb.duckdb"
+        with Store(path) as store:
+            build(store)
+        with Store(path, read_only=True) as store:
+            found[shape] = load_results(store)
+    return found
+
+
+def _drawn(spec, results) -> Figure:
+    with matplotlib.rc_context(figures.STYLE):
+        fig = spec.draw(results)
+        FigureCanvasAgg(fig).draw()
+    return fig
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("spec", figures.FIGURES, ids=lambda s: s.name)
+def test_nothing_drawn_in_any_figure_is_cut_off(shapes, shape, spec):
+    fig = _drawn(spec, shapes[shape])
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # inches: every visible artist, legend titles included
+    width, height = fig.get_size_inches()
+    assert (drawn.x0, drawn.y0) >= (-0.01, -0.01) and drawn.x1 <= width + 0.01 and drawn.y1 <= height + 0.01
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fig3_keeps_the_delta_band_visible_and_marks_clipped_bars(shapes, shape):
+    fig = _drawn(figures.FIGURES[0], shapes[shape])
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    clipped = any(c.r > 8 or c.r < 1 / 8 for c in shapes[shape].complete_cells)
+    assert clipped == (shape != "oracle-only")
+    for ax in fig.axes:
+        low, high = ax.get_ylim()
+        assert 2 ** -3.3 < low and high < 2 ** 3.3
+        band = next(p for p in ax.patches if p.get_facecolor()[:3] == matplotlib.colors.to_rgb("#e6e6e6"))
+        assert band.get_window_extent().height >= 4  # pixels: the ±δ band can be seen
+    assert any("bar cut at the axis" in t for t in legend) == clipped
+    markers = sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections if c.get_offsets().size
+                  and c.get_paths()[0].vertices.shape[0] == 4)  # the triangles (neutral dots are circles)
+    assert (markers > 0) == clipped
+
+
+def test_fig4_with_one_panel_and_one_cell_groups(shapes):
+    fig = _drawn(figures.FIGURES[1], shapes["oracle-only"])
+    assert len([ax for ax in fig.axes if ax.axison]) == 1
+    counts = [re.search(r"\(n = (\d+) (cells?)\)$", t.get_text()).groups() for t in fig.axes[0].get_yticklabels()]
+    assert len(counts) == 3 and all((word == "cell") == (n == "1") for n, word in counts)
+
+
+def test_fig6_says_not_recorded_instead_of_drawing_empty_negative_axes(shapes):
+    fig = _drawn(figures.FIGURES[3], shapes["oracle-only"])
+    tokens, cost, wall = fig.axes
+    for ax in (tokens, cost):
+        assert [t.get_text() for t in ax.texts] == ["not recorded"]
+        assert ax.get_ylim() == (0, 1) and list(ax.get_yticks()) == []
+    assert wall.get_ylim()[0] == 0 and len(wall.texts) == 0 and max(p.get_height() for p in wall.patches) == 0.5
+    many = _drawn(figures.FIGURES[3], shapes["many-model"])
+    assert all(ax.get_ylim()[0] == 0 for ax in many.axes)
+    oracle_x = len(shapes["many-model"].models) - 1
+    for ax in many.axes[:2]:  # the oracle's tokens and cost: said once across its group, the models' bars drawn
+        across = [(t.get_text(), t.get_position()[0]) for t in ax.texts if t.get_position()[0] == round(t.get_position()[0])]
+        assert across == [("not recorded", oracle_x)] and len(ax.get_yticks()) > 0
+
+
+def test_table5_names_ladder_columns_by_threshold(reports):
+    header = (reports[0] / "tables" / "table5_arms.csv").read_text().splitlines()[0].split(",")
+    assert [c for c in header if c.startswith("r_at_")] == ["r_at_0", "r_at_0.5", "r_at_1", "r_at_2", "r_at_4"]

@@ -1,8 +1,11 @@
 """Conformance suite for the workspace executors: the same checks against every backend.
 
-Backends: bwrap (the local executor isolated by bubblewrap), subprocess (its loud fallback) and docker
-(a container from a small local image). KNOWN_DIFFERENCES lists, per backend, the checks it is known
-to fail and why; each such check is skipped there with that reason.
+Backends: bwrap (the local executor isolated by bubblewrap, in a cgroup where one can be made),
+bwrap-rlimits (the same with per-process limits only, as where no cgroup can be made), subprocess (the unisolated local executor,
+allowed only with MKB_UNSAFE_SANDBOX) and docker (a container from a small local image). Every backend
+runs under the same LIMITS. KNOWN_DIFFERENCES lists, per backend, the checks it is known to fail and why;
+each such check is skipped there with that reason. A limit the host gives no means to enforce (a local
+backend without a writable cgroup) is skipped with the executor's own account of it.
 """
 
 from __future__ import annotations
@@ -14,21 +17,27 @@ from pathlib import Path
 
 import pytest
 
+import sys
+import uuid
+
 from mkb.agent.executor import LocalExecutor, bwrap_problem
+from mkb.agent.limits import SandboxLimits
 
 REPO = Path(__file__).resolve().parent.parent
+LIMITS = SandboxLimits(memory_mb=512, pids=256, cpus=1, disk_mb=256, files=2000, shm_mb=64)
 
 KNOWN_DIFFERENCES: dict[str, dict[str, str]] = {
     "bwrap": {},
+    "bwrap-rlimits": {},
     "subprocess": {
-        "network": "the fallback has no network namespace",
-        "hidden_host": "the fallback sees the host's files and processes",
-        "workdir": "the fallback runs in the workspace's host path, not /workspace",
-        "read_only_system": "the fallback can write wherever the user can",
+        "network": "the unisolated executor has no network namespace",
+        "hidden_host": "the unisolated executor has no mount namespace: it sees the host's files, processes "
+                       "and /dev/shm",
+        "workdir": "the unisolated executor runs in the workspace's host path, not /workspace",
+        "read_only_system": "the unisolated executor can write wherever the user can",
     },
     "docker": {
         "toolchain": "the test image is a bare Debian base; the mkb image carries Python and the DSLs",
-        "read_only_system": "the container's own filesystem is writable (its copy-on-write layer, not the host's)",
     },
 }
 
@@ -36,9 +45,28 @@ KNOWN_DIFFERENCES: dict[str, dict[str, str]] = {
 SECRET = "sk-test-secret-value"
 
 
-@pytest.fixture(params=["bwrap", "subprocess", "docker"])
-def backend(request, tmp_path, monkeypatch):
-    """(name, executor) over a fresh workspace holding kernel.py and SKILL.md; the host has secrets set."""
+@pytest.fixture
+def runner_state(tmp_path, monkeypatch):
+    """The runner's private state where a sandbox could see it: MKB_HOME and the database inside the
+    toolchain directory (which bubblewrap shows), where that is writable; else under tmp_path."""
+    visible = Path(sys.prefix).resolve()
+    base = visible if os.access(visible, os.W_OK) else tmp_path
+    home, db = base / f"mkb-test-home-{uuid.uuid4().hex[:8]}", base / f"mkb-test-{uuid.uuid4().hex[:8]}.duckdb"
+    home.mkdir()
+    (home / "mkb.duckdb").write_text("RESULTS-IN-HOME")
+    db.write_text("RESULTS-DB")
+    monkeypatch.setenv("MKB_HOME", str(home))
+    monkeypatch.setenv("MKB_DB", str(db))
+    yield home, db
+    (home / "mkb.duckdb").unlink()
+    home.rmdir()
+    db.unlink()
+
+
+@pytest.fixture(params=["bwrap", "bwrap-rlimits", "subprocess", "docker"])
+def backend(request, tmp_path, monkeypatch, runner_state):
+    """(name, executor) over a fresh workspace holding kernel.py and SKILL.md, under LIMITS; the host has
+    secrets set and the runner's state placed where a sandbox could see it."""
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     monkeypatch.setenv("MKB_SECRET_TOKEN", SECRET)
     workspace = tmp_path / "attempt" / "workspace"
@@ -48,19 +76,18 @@ def backend(request, tmp_path, monkeypatch):
     (tmp_path / "other-attempt").mkdir()
     (tmp_path / "other-attempt" / "kernel.py").write_text("SECRET_OTHER_ATTEMPT\n")
     name = request.param
-    if name == "bwrap":
+    if name.startswith("bwrap"):
         if bwrap_problem():
             pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
-        executor = LocalExecutor(workspace, hide=(REPO,))
+        executor = LocalExecutor(workspace, hide=(REPO,), limits=LIMITS, cgroup=name == "bwrap")
     elif name == "subprocess":
-        executor = LocalExecutor(workspace, isolate=False)
+        executor = LocalExecutor(workspace, isolate=False, allow_unsafe=True, limits=LIMITS)
     else:
         from conftest import TEST_IMAGE
 
         from mkb.agent.docker_executor import DockerExecutor
 
-        executor = DockerExecutor(workspace, TEST_IMAGE, cpus=1, memory="512m", pids=256,
-                                  client=request.getfixturevalue("docker_engine"))
+        executor = DockerExecutor(workspace, TEST_IMAGE, limits=LIMITS, client=request.getfixturevalue("docker_engine"))
     yield name, executor
     executor.close()
 
@@ -68,6 +95,12 @@ def backend(request, tmp_path, monkeypatch):
 def expect(name: str, check: str) -> None:
     if check in KNOWN_DIFFERENCES[name]:
         pytest.skip(f"known difference of {name}: {KNOWN_DIFFERENCES[name][check]}")
+
+
+def enforced(ex, limit: str) -> None:
+    """Skip when the executor says this host gives it no means to enforce the limit (its words)."""
+    if "not capped" in ex.limits[limit] or "not tracked" in ex.limits[limit]:
+        pytest.skip(f"{limit} is not enforced here: {ex.limits[limit]}")
 
 
 def test_runs_bash_in_the_workspace(backend):
@@ -200,14 +233,13 @@ def test_no_network(backend):
         listener.close()
 
 
-def test_host_secrets_and_other_attempts_are_hidden(backend, tmp_path, mkb_home):
+def test_host_secrets_and_other_attempts_are_hidden(backend, tmp_path, runner_state):
     name, ex = backend
     expect(name, "hidden_host")
-    mkb_home.mkdir(parents=True, exist_ok=True)
-    (mkb_home / "mkb.duckdb").write_text("results")
-    probe = (f"cat {tmp_path}/other-attempt/kernel.py {REPO}/mkb/store.py {mkb_home}/mkb.duckdb 2>/dev/null | wc -c; "
-             f"ls {REPO}/problems/solutions 2>/dev/null | wc -l; "
-             f"cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -c {SECRET}; "
+    home, db = runner_state
+    probe = (f"cat {tmp_path}/other-attempt/kernel.py {REPO}/mkb/store.py {home}/mkb.duckdb {db} 2>/dev/null | wc -c; "
+             f"ls {REPO}/problems/solutions {REPO}/artifact/results 2>/dev/null | wc -l; "
+             f"cat /proc/[0-9]*/environ /proc/$PPID/environ 2>/dev/null | tr '\\0' '\\n' | grep -c {SECRET}; "
              f"test -e /var/run/docker.sock && echo docker-socket || echo no-socket")
     assert ex.exec(probe, timeout_s=30).output.split() == ["0", "0", "0", "no-socket"]
 
@@ -218,8 +250,17 @@ def test_toolchain_runs_in_the_sandbox(backend):
     result = ex.exec("python -c 'from importlib.metadata import version; print(\"TORCH\", version(\"torch\"))'; "
                      "python -c 'import mkb' 2>&1 | tail -1", timeout_s=60)
     assert "TORCH 2." in result.output
-    if name == "bwrap":  # the grader's code is not importable from inside
+    if name.startswith("bwrap"):  # the grader's code is not importable from inside
         assert "No module named 'mkb'" in result.output
+
+
+def test_nothing_but_the_workspace_and_tmp_takes_unbounded_writes(backend):
+    name, ex = backend
+    expect(name, "read_only_system")
+    probe = ("for d in / /dev /usr /etc /opt /var /home /run /srv /mnt; do [ -d $d ] || continue; "
+             "if touch $d/mkb-probe 2>/dev/null; then echo $d $(df -k --output=size $d | tail -1); fi; done")
+    writable = [line.split() for line in ex.exec(probe, timeout_s=30).output.splitlines()]
+    assert all(int(size_kib) <= max(LIMITS.shm_mb, 64) * 1024 for _, size_kib in writable), writable
 
 
 def test_system_directories_are_read_only_and_cannot_be_remounted(backend):
@@ -228,3 +269,109 @@ def test_system_directories_are_read_only_and_cannot_be_remounted(backend):
     out = ex.exec("touch /usr/mkb-probe 2>&1; mount -o remount,rw /usr 2>&1; touch /usr/mkb-probe 2>&1 || echo DENIED",
                   timeout_s=30).output
     assert "DENIED" in out and not Path("/usr/mkb-probe").exists()
+
+
+# -- what an attempt's commands may use (the same LIMITS for every backend) ---------------------------------
+
+
+def test_processes_that_leave_the_session_end_with_their_command(backend):
+    _, ex = backend
+    enforced(ex, "strays")
+    result = ex.exec("setsid sleep 314.25 & nohup setsid sleep 314.5 > /dev/null 2>&1 & "
+                     "(setsid bash -c 'sleep 314.75 & disown' &); sleep 0.2; echo launched", timeout_s=20)
+    assert result.exit_code == 0 and "launched" in result.output
+    assert _gone("314.")
+
+
+def test_memory_is_capped(backend):
+    _, ex = backend
+    # tail keeps the whole (newline-free) stream in memory: 900 MiB against the 512 MiB limit
+    result = ex.exec("head -c 900m /dev/zero | tail > /dev/null; echo rc=$?", timeout_s=60)
+    assert "rc=0" not in result.output and "rc=" in result.output
+    if "(cgroup v" in ex.limits["memory"]:  # the local executor names the limit that killed the process
+        assert "memory limit" in result.output
+
+
+def test_process_count_is_capped(backend):
+    _, ex = backend
+    enforced(ex, "pids")
+    fork = ("perl -e 'my $n = 0; for (1 .. 400) { my $p = fork; last unless defined $p; "
+            "if (!$p) { sleep 30; exit } $n++ } print \"forked $n\\n\"'")
+    result = ex.exec(fork, timeout_s=60)
+    forked = int(result.output.split("forked ")[1].split()[0])
+    assert 50 < forked < LIMITS.pids
+
+
+def test_a_file_cannot_exceed_the_disk_limit(backend):
+    _, ex = backend
+    result = ex.exec("head -c 400m /dev/zero > big; echo rc=$?", timeout_s=60)
+    assert "rc=0" not in result.output  # the write fails (or the disk watchdog stops the command)
+    assert int(ex.exec("stat -c %s big", timeout_s=30).output) <= LIMITS.disk_mb << 20
+
+
+@pytest.mark.parametrize("where", ["the workspace", "tmp"])
+def test_the_workspace_and_tmp_cannot_grow_past_the_disk_limit(backend, where):
+    _, ex = backend
+    folder = "." if where == "the workspace" else "$TMPDIR/fill"  # TMPDIR: /tmp, or the unisolated executor's own
+    fill = (f"mkdir -p {folder}; i=0; while head -c 50m /dev/zero > {folder}/f$i; do i=$((i+1)); "
+            f"[ $i -gt 40 ] && break; done; echo stopped at $i")
+    result = ex.exec(fill, timeout_s=60)
+    assert not result.timed_out and "stopped at 41" not in result.output
+    used_kib = int(ex.exec(f"du -sk {folder} | cut -f1", timeout_s=30).output.split()[0])
+    assert used_kib <= 2 * LIMITS.disk_mb * 1024  # a watchdog may overshoot by what is written in one poll
+    assert ex.exec(f"touch {folder}/more; head -c 60m /dev/zero > {folder}/more; echo rc=$?",
+                   timeout_s=30).output.strip().endswith("rc=0") is False
+    cleaned = ex.exec(f"rm -f {folder}/f* {folder}/more; head -c 1m /dev/zero > {folder}/small; echo rc=$?",
+                      timeout_s=30)
+    assert cleaned.output.strip().endswith("rc=0") and cleaned.exit_code == 0
+
+
+@pytest.mark.parametrize("where", ["the workspace", "tmp"])
+def test_the_workspace_and_tmp_cannot_hold_more_files_than_the_limit(backend, where):
+    _, ex = backend
+    folder = "." if where == "the workspace" else "$TMPDIR/many"
+    result = ex.exec(f"mkdir -p {folder}/m && cd {folder}/m && for i in $(seq 6000); do : > f$i || break; done; "
+                     f"ls | wc -l", timeout_s=120)
+    assert not result.timed_out
+    assert int(ex.exec(f"ls {folder}/m | wc -l", timeout_s=30).output) < 2 * LIMITS.files
+    cleaned = ex.exec(f"rm -rf {folder}/m && : > {folder}/one && echo ok", timeout_s=60)
+    assert cleaned.output.strip() == "ok"
+
+
+def test_dev_shm_is_capped(backend):
+    name, ex = backend
+    expect(name, "hidden_host")
+    size_kib = int(ex.exec("df -k /dev/shm | tail -1 | awk '{print $2}'", timeout_s=30).output.split()[0])
+    assert size_kib <= LIMITS.shm_mb * 1024
+
+
+@pytest.mark.timing
+def test_cpu_time_is_capped(backend):
+    _, ex = backend
+    enforced(ex, "cpus")
+    busy = "timeout 2 sh -c 'while :; do :; done'"
+    result = ex.exec(f"{busy} & {busy} & {busy} & wait; times", timeout_s=30)
+    user, system = result.output.split()[-2:]  # the children's user and system time, e.g. 1m2.003s
+    seconds = sum(float(t.split("m")[0]) * 60 + float(t.split("m")[1].rstrip("s")) for t in (user, system))
+    assert seconds < 2 * LIMITS.cpus * 1.25
+
+
+def test_a_tree_too_deep_to_walk_is_removed_not_hidden_in(backend):
+    name, ex = backend
+    deep = "d/" * 80
+    result = ex.exec(f"mkdir -p {deep} && head -c 100m /dev/zero > {deep}f; chmod 000 d; echo made", timeout_s=60)
+    assert "made" in result.output or "killed" in result.output
+    if name == "docker":  # tmpfs volumes count every byte at any depth: nothing to remove
+        assert "d" in ex.exec("ls", timeout_s=30).output.split()
+        return
+    assert "deeper than 64 levels" in result.output
+    assert "d" not in ex.exec("ls", timeout_s=30).output.split()
+
+
+def test_strays_end_even_when_the_command_kills_what_runs_it(backend):
+    name, ex = backend
+    expect(name, "hidden_host")  # unisolated, $PPID is the runner itself
+    enforced(ex, "strays")
+    result = ex.exec("setsid sleep 315.25 & sleep 0.2; kill -9 $PPID 2>/dev/null; echo done", timeout_s=20)
+    assert not result.timed_out
+    assert _gone("315.25")

@@ -7,27 +7,28 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
+from mkb.agent.bwrap import SYSTEM_DIRS, WORKDIR, bwrap_prefix, bwrap_problem, sandbox_path, sizes_tmpfs
+from mkb.agent.cgroups import open_cgroup
+from mkb.agent.diskwatch import DiskWatch
+from mkb.agent.limits import SandboxLimits, apply_rlimits, capped_cpus, host_cpus, rlimits
+from mkb.agent.sandboxes import isolation_problem, refusal
 from mkb.settings import environment, load_settings
 
 log = logging.getLogger(__name__)
 
-WORKDIR = "/workspace"
-"""Where the workspace appears inside an isolated sandbox (bubblewrap, Docker)."""
+__all__ = ["SYSTEM_DIRS", "WORKDIR", "ExecResult", "Executor", "LocalExecutor", "bwrap_problem"]
+
 MAX_FILE_BYTES = 10_000_000
 """read_file refuses larger files (the model could not use them anyway)."""
 ENV_ALLOW = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_HOME", "CUDA_PATH")
 """The only host variables a sandboxed command inherits; everything else (API keys) stays out."""
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-"""Host directories a bubblewrap sandbox sees, read-only, besides the toolchain and the workspace."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Executor(Protocol):
     """What isolates commands: bwrap, docker:<image>, or subprocess (none)."""
     workdir: str
     """The workspace directory as commands see it (their working directory)."""
+    limits: dict[str, str]
+    """What caps the attempt's commands, per limit (memory, pids, cpus, disk, shm), as recorded in the transcript."""
 
     def exec(self, command: str, timeout_s: float, output_limit: int = 20_000) -> ExecResult:
         """Run a bash command in the workspace; kill it and everything it started after timeout_s."""
@@ -155,95 +158,103 @@ def child_env(path: str | None = None, home: str = "/tmp") -> dict[str, str]:
     return env
 
 
-def toolchain_paths() -> list[Path]:
-    """The interpreter and packages the agent's commands use: this Python's venv and base install."""
-    found = []
-    for p in (sys.prefix, sys.base_prefix):
-        real = Path(p).resolve()
-        if real not in found:
-            found.append(real)
-    return found
-
-
-@lru_cache(maxsize=1)
-def bwrap_problem() -> str | None:
-    """Why bubblewrap cannot isolate commands here, or None when it can."""
-    exe = shutil.which("bwrap")
-    if exe is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
-    try:
-        probe = subprocess.run([exe, "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "--proc", "/proc",
-                                "--dev", "/dev", "true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap failed to start: {exc}"
-    return None if probe.returncode == 0 else f"bwrap cannot create namespaces: {probe.stderr.strip()[:200]}"
-
-
 class LocalExecutor:
-    """Commands run on this host under bubblewrap (no network, private /proc, only system dirs, the
-    toolchain and the workspace visible), or, where bubblewrap cannot run, as plain subprocesses with
-    a loud warning and isolation = 'subprocess'.
+    """Commands run on this host under bubblewrap (no network, private /proc, only system dirs, the toolchain
+    and the workspace visible) in a cgroup that caps memory, processes and CPU where one can be made, with
+    the workspace and /tmp watched against the disk limit. Where bubblewrap cannot run (or isolate is off)
+    they run as plain subprocesses (isolation = 'subprocess') only if allow_unsafe says so.
     """
 
-    def __init__(self, workspace: Path, *, isolate: bool = True, hide: tuple[Path, ...] = ()):
+    def __init__(self, workspace: Path, *, isolate: bool = True, allow_unsafe: bool = False,
+                 hide: tuple[Path, ...] = (), limits: SandboxLimits = SandboxLimits(), cgroup: bool = True):
         """Args:
-            hide: host directories to mask (empty tmpfs) in addition to the mkb checkout, MKB_HOME, the
-                problems and the solutions; only needed where they lie under a SYSTEM_DIRS directory.
+            allow_unsafe: run commands unisolated where bubblewrap cannot isolate them (MKB_UNSAFE_SANDBOX).
+            cgroup: put the attempt in a cgroup of its own where this process may make one; False leaves only
+                the per-process limits (RLIMIT_AS for memory; no process or CPU cap).
+            hide: host paths to mask in addition to the mkb checkout, MKB_HOME, the database, the problems and
+                the solutions; only needed where they lie under a directory the sandbox shows.
+
+        Raises:
+            SandboxRefused: no isolation is possible (or isolate is off) and allow_unsafe is not set.
         """
+        problem = isolation_problem(isolate)
+        if problem is not None and not allow_unsafe:
+            raise refusal(problem)
         self.root = Path(workspace).resolve()
         self.tmp = self.root.parent / (self.root.name + ".tmp")
         self.tmp.mkdir(parents=True, exist_ok=True)
-        problem = bwrap_problem() if isolate else "isolation was switched off"
+        self.sandbox_limits = limits
+        cpus, cpus_note = capped_cpus(limits, host_cpus())
+        self.cgroup, cgroup_note = open_cgroup(limits, cpus) if cgroup else (None, "no cgroup was asked for")
+        self._rlimits = rlimits(limits, memory=self.cgroup is None)
         if problem is None:
             self.isolation, self.workdir = "bwrap", WORKDIR
-            self._prefix = self._bwrap_prefix((*_private_paths(), *hide))
-            self._env = child_env(_sandbox_path(), home="/tmp")
+            self._prefix = bwrap_prefix(self.root, self.tmp, (*_private_paths(), *hide), limits.shm_mb)
+            self._env = child_env(sandbox_path(), home="/tmp")
         else:
-            log.warning("NO SANDBOX: %s. The agent's commands run as plain subprocesses WITH network access "
-                        "and the host's files visible (their environment is still filtered).", problem)
+            log.warning("NO SANDBOX (MKB_UNSAFE_SANDBOX is set): %s. The agent's commands run as plain subprocesses "
+                        "WITH network access and the host's files and processes visible.", problem)
             self.isolation, self.workdir = "subprocess", str(self.root)
             self._prefix = []
-            self._env = child_env(_sandbox_path(), home=str(self.tmp))
+            self._env = child_env(sandbox_path(), home=str(self.tmp))
+        self.limits = self._describe(limits, cpus_note, cgroup_note)
 
-    def _bwrap_prefix(self, hide: tuple[Path, ...]) -> list[str]:
-        # --cap-drop ALL: run as root, bubblewrap would otherwise keep every capability (remount, mount, ...)
-        args = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                "--new-session", "--cap-drop", "ALL", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/dev/shm"]
-        for top in SYSTEM_DIRS:
-            p = Path(top)
-            if p.is_symlink():
-                args += ["--symlink", os.readlink(p), top]
-            elif p.is_dir():
-                args += ["--ro-bind", top, top]
-        for hidden in hide:
-            h = Path(hidden).resolve()
-            if h.is_dir() and any(h.is_relative_to(top) for top in SYSTEM_DIRS):
-                args += ["--tmpfs", str(h)]
-        # /tmp first: a toolchain that lives under /tmp (a checkout there, as in CI) is bound on top of it
-        args += ["--bind", str(self.tmp), "/tmp"]
-        for tool in toolchain_paths():
-            args += ["--ro-bind", str(tool), str(tool)]
-        return args + ["--bind", str(self.root), WORKDIR, "--chdir", WORKDIR, "--"]
+    def _describe(self, limits: SandboxLimits, cpus_note: str, cgroup_note: str) -> dict[str, str]:
+        by = self.cgroup and f"cgroup v{self.cgroup.version}"
+        shm = (f"tmpfs of {limits.shm_mb} MiB" if sizes_tmpfs() else "tmpfs, size not capped (bubblewrap < 0.7)") \
+            if self.isolation == "bwrap" else "the host's /dev/shm, not capped"
+        return {"memory": f"{limits.memory_mb} MiB for all processes ({by})" if by else
+                f"{limits.memory_mb} MiB address space per process (RLIMIT_AS; {cgroup_note})",
+                "pids": f"{limits.pids} ({by})" if by else f"not capped ({cgroup_note})",
+                "cpus": f"{cpus_note} ({by})" if by else f"not capped ({cgroup_note})",
+                "disk": f"workspace and /tmp {limits.disk_mb} MiB and {limits.files} files each (watched), "
+                        f"files up to {limits.disk_mb} MiB",
+                "shm": shm, "strays": "killed with the command (" + (
+                    "PID namespace" if self.isolation == "bwrap" else by or f"not tracked: {cgroup_note}") + ")"}
+
+    def _enter(self) -> None:
+        """Runs in the child between fork and exec."""
+        if self.cgroup is not None:
+            self.cgroup.enter()
+        apply_rlimits(self._rlimits)
 
     def exec(self, command: str, timeout_s: float, output_limit: int = 20_000) -> ExecResult:
         started = time.monotonic()
+        oom_before = self.cgroup.oom_kills() if self.cgroup else 0
+        launched: list[int] = []
+        disk = DiskWatch({"the workspace": self.root, "/tmp": self.tmp}, self.sandbox_limits,
+                         lambda: [self._stop(pid) for pid in launched])
         proc = subprocess.Popen([*self._prefix, "bash", "-c", command], cwd=self.root, env=self._env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=self._enter)
+        launched.append(proc.pid)
         capture = OutputCapture(output_limit)
         reader = threading.Thread(target=capture.drain, args=(proc.stdout,), daemon=True)
         reader.start()
-        try:
-            exit_code, timed_out = proc.wait(timeout=max(0.01, timeout_s)), False
-        except subprocess.TimeoutExpired:
-            exit_code, timed_out = None, True
-        _kill_group(proc.pid)  # also ends background jobs left behind by a command that exited
+        with disk:
+            try:
+                exit_code, timed_out = proc.wait(timeout=max(0.01, timeout_s)), False
+            except subprocess.TimeoutExpired:
+                exit_code, timed_out = None, True
+            self._stop(proc.pid)  # also ends background jobs left behind by a command that exited
         proc.wait()
         reader.join(timeout=2.0)  # a plain-subprocess job that left the group may hold the pipe
         if not reader.is_alive():
             proc.stdout.close()
         output, omitted = capture.result()
+        output += "".join(f"\n[{note}]\n" for note in self._notices(disk.notices, oom_before))
         return ExecResult(exit_code, output, timed_out, omitted, time.monotonic() - started)
+
+    def _stop(self, pid: int) -> None:
+        _kill_group(pid)
+        if self.cgroup is not None:
+            self.cgroup.kill_all()
+
+    def _notices(self, disk: list[str], oom_before: int) -> list[str]:
+        notes = list(disk)
+        if self.cgroup is not None and self.cgroup.oom_kills() > oom_before:
+            notes.append(f"a process was killed for passing the sandbox's memory limit ({self.limits['memory']})")
+        return notes
 
     def _host_path(self, path: str) -> Path:
         rel = relative_path(path, self.workdir)
@@ -268,14 +279,17 @@ class LocalExecutor:
         target.write_text(text, encoding="utf-8")
 
     def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _private_paths() -> tuple[Path, ...]:
     """What an agent must never read: the mkb checkout (grader code), MKB_HOME (results, other attempts),
-    the problems tree (solutions)."""
+    the results database, the problems tree (solutions)."""
     settings = load_settings()
-    return (Path(__file__).resolve().parents[2], settings.home, settings.problems_dir, settings.solutions_path)
+    return (Path(__file__).resolve().parents[2], settings.home, settings.db_path, settings.problems_dir,
+            settings.solutions_path)
 
 
 def _kill_group(pid: int) -> None:
@@ -283,9 +297,3 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _sandbox_path() -> str:
-    venv_bin = str(Path(sys.prefix).resolve() / "bin")
-    return ":".join([venv_bin, "/usr/local/cuda/bin", "/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin",
-                     "/sbin", "/bin"])

@@ -92,7 +92,7 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
     system = prompts.instruction(problem, dsl, gpu=gpu, budget_s=budget.wall_s, n_submissions=budget.n_submissions,
                                  workdir=executor.workdir, has_docs=has_docs(problems_dir, dsl),
                                  templates_dir=templates_dir)
-    append({"role": "system", "content": system, "extra": {"isolation": executor.isolation}})
+    append({"role": "system", "content": system, "extra": {"isolation": executor.isolation, "limits": executor.limits}})
     append({"role": "user", "content": prompts.kickoff(executor.workdir, skill_text, templates_dir),
             "extra": {"skill": skill_text is not None}})
     state, detail = State.FINISHED, ""

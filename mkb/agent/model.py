@@ -7,11 +7,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import openai
 
+from mkb.agent.reply import Completion, MalformedReply, completion, parse_body
 from mkb.errors import ConfigError
 from mkb.records import Record
 from mkb.settings import env_value
@@ -143,26 +144,6 @@ class ContextExhausted(ProviderError):
     """The conversation no longer fits the model's context window; the attempt ends normally."""
 
 
-@dataclass
-class Completion:
-    """One model reply: the assistant message in wire format plus what it cost."""
-
-    message: dict[str, Any]
-    """role, content and tool_calls, ready to append to the message list."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Tokens, reasoning text, finish reason, retries, latency: stored, never sent back."""
-    waited_s: float = 0.0
-    """Seconds slept in backoff before this reply (not charged to the attempt's budget)."""
-
-    @property
-    def prompt_tokens(self) -> int:
-        return int(self.extra.get("prompt_tokens") or 0)
-
-    @property
-    def completion_tokens(self) -> int:
-        return int(self.extra.get("completion_tokens") or 0)
-
-
 class Model(Protocol):
     """Anything that answers a message list with one assistant message."""
 
@@ -195,8 +176,11 @@ class ChatModel:
         for attempt in range(self.config.max_retries + 1):
             started = time.monotonic()
             try:
-                response = self.client.chat.completions.create(
+                response = self.client.chat.completions.with_raw_response.create(
                     model=self.config.model, messages=messages, tools=tools, **self.config.request_params())
+                data = parse_body(response.http_response.text)
+                if data.get("choices"):
+                    return completion(data, attempt, waited, time.monotonic() - started)
             except openai.APIStatusError as exc:
                 if exc.status_code < 500 and exc.status_code not in _TRANSIENT_STATUS:
                     text = _describe(exc)
@@ -206,10 +190,11 @@ class ChatModel:
                 problem, retry_after = _describe(exc), _retry_after(exc)
             except (openai.APITimeoutError, openai.APIConnectionError) as exc:
                 problem, retry_after = f"{type(exc).__name__}: {exc}", None
-            else:
-                if response.choices:
-                    return _completion(response, attempt, waited, time.monotonic() - started)
-                problem, retry_after = f"a reply without choices: {str(response)[:300]}", None
+            except MalformedReply as exc:  # a broken endpoint or proxy, not a busy one: retrying will not help
+                raise ProviderError(f"HTTP {response.http_response.status_code} from the provider with a malformed "
+                                    f"reply: {exc}") from None
+            else:  # some providers answer 200 with no choices (and an 'error' field) when the upstream fails
+                problem, retry_after = f"a reply without choices: {json.dumps(data)[:300]}", None
             if attempt == self.config.max_retries:
                 raise ProviderError(f"{problem} (gave up after {attempt} retries)")
             delay = min(self._max_backoff_s, retry_after or self._backoff_s * 2 ** attempt)
@@ -230,32 +215,6 @@ def _retry_after(exc: openai.APIStatusError) -> float | None:
         return float(exc.response.headers.get("retry-after", ""))
     except (TypeError, ValueError):
         return None
-
-
-def _completion(response: Any, retries: int, waited_s: float, latency_s: float) -> Completion:
-    choice = response.choices[0]
-    raw = choice.message.model_dump(exclude_none=True)
-    message: dict[str, Any] = {"role": "assistant", "content": raw.get("content")}
-    calls = [{"id": c.get("id") or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-              "function": {"name": c["function"].get("name") or "", "arguments": _as_text(c["function"].get("arguments"))}}
-             for c in raw.get("tool_calls") or [] if c.get("function")]
-    if calls:
-        message["tool_calls"] = calls
-    usage = response.usage.model_dump(exclude_none=True) if response.usage else {}
-    details = usage.get("completion_tokens_details") or {}
-    extra = {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-             "reasoning_tokens": details.get("reasoning_tokens"), "cost_usd": usage.get("cost"),
-             "finish_reason": choice.finish_reason, "model": response.model, "retries": retries,
-             "latency_s": round(latency_s, 3)}
-    reasoning = raw.get("reasoning_content") or raw.get("reasoning")
-    if reasoning:
-        extra["reasoning"] = reasoning
-    return Completion(message, {k: v for k, v in extra.items() if v is not None}, waited_s)
-
-
-def _as_text(arguments: Any) -> str:
-    """Tool-call arguments as the JSON string the API expects back (some servers send an object)."""
-    return arguments if isinstance(arguments, str) else json.dumps(arguments) if arguments is not None else ""
 
 
 class ScriptedModel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ logging.getLogger("fontTools").setLevel(logging.WARNING)
 OUTCOME_COLORS = {Outcome.HELP: "#2c7bb6", Outcome.NEUTRAL: "#bdbdbd", Outcome.HARM: "#d7191c"}
 ARM_COLORS = dict(zip(ARMS, ("#1b9e77", "#d95f02", "#7570b3", "#e7298a")))
 ARM_MARKERS = dict(zip(ARMS, ("o", "s", "^", "D")))
+RATIO_AXIS_EXP = 3
+"""Fig. 3's axis runs at most from 2^-3 to 2^3: wider, the ±δ band vanishes; longer bars end there, marked."""
 STYLE = {"font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 9,
          "axes.spines.top": False, "axes.spines.right": False, "svg.hashsalt": "mkb",
          "pdf.fonttype": 42, "path.simplify": False}
@@ -72,7 +75,9 @@ def draw_paired_ratios(results: Results) -> Figure:
     fig = Figure(figsize=(11, 0.9 + 2.5 * len(groups)), layout="constrained")
     axes = fig.subplots(len(groups), len(DIRECTIONS), squeeze=False, sharey=True)
     all_r = [c.r for c in results.complete_cells] or [1.0]
-    bound = max(2, math.ceil(max(abs(math.log2(r)) for r in all_r)))
+    bound = min(RATIO_AXIS_EXP, max(2, math.ceil(max(abs(math.log2(r)) for r in all_r))))
+    low, high = 2.0 ** -bound, 2.0 ** bound
+    clipped_any = False
     for row, (label, model) in enumerate(groups):
         for col, direction in enumerate(DIRECTIONS):
             ax = axes[row][col]
@@ -80,13 +85,15 @@ def draw_paired_ratios(results: Results) -> Figure:
             pairs = _per_problem_ratios(cells)
             x = np.arange(len(pairs))
             ratios = [r for _, r in pairs]
+            shown = [min(high, max(low, r)) for r in ratios]
             colors = [OUTCOME_COLORS[metrics.outcome(r, params.delta)] for r in ratios]
-            ax.axhspan(1 / (1 + params.delta), 1 + params.delta, color="#f0f0f0", zorder=0)
-            ax.bar(x, [r - 1 for r in ratios], bottom=1, width=0.8, color=colors, zorder=2)
+            ax.axhspan(1 / (1 + params.delta), 1 + params.delta, color="#e6e6e6", zorder=0)
+            ax.bar(x, [r - 1 for r in shown], bottom=1, width=0.8, color=colors, zorder=2)
             neutral = [i for i, r in enumerate(ratios) if metrics.outcome(r, params.delta) == Outcome.NEUTRAL]
             ax.scatter(neutral, [1.0] * len(neutral), s=9, color="#888888", zorder=4, linewidths=0)
+            clipped_any |= _mark_clipped(ax, ratios, low, high)
             ax.axhline(1, color="black", linewidth=0.8, zorder=3)
-            _log2_axis(ax, -bound, bound)
+            _log2_axis(ax, -bound, bound, pad=0.25)
             ax.set_xlim(-0.7, max(len(pairs), 12) - 0.3)
             if pairs and len(pairs) <= 30:
                 ax.set_xticks(x, [p for p, _ in pairs], rotation=90, fontsize=7)
@@ -106,8 +113,20 @@ def draw_paired_ratios(results: Results) -> Figure:
         (Outcome.HELP, f"help (r > {1 + params.delta:g})"),
         (Outcome.NEUTRAL, f"neutral (within ±δ, δ = {params.delta:g})"),
         (Outcome.HARM, f"harm (r < 1/{1 + params.delta:g})"))]
-    fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False)
+    if clipped_any:
+        handles.append(Line2D([], [], color="black", marker="^", linestyle="none", markersize=5,
+                              label=f"r beyond {_pow2_label(bound)} (▲) or {_pow2_label(-bound)} (▼): bar cut at the axis"))
+    fig.legend(handles=handles, loc="outside upper center", ncols=len(handles), frameon=False)
     return fig
+
+
+def _mark_clipped(ax, ratios: list[float], low: float, high: float) -> bool:
+    """A triangle on each bar cut at the axis, pointing the way it goes on; True when there was one."""
+    above = [i for i, r in enumerate(ratios) if r > high]
+    below = [i for i, r in enumerate(ratios) if r < low]
+    ax.scatter(above, [high] * len(above), marker="^", s=14, color="black", zorder=5, linewidths=0, clip_on=False)
+    ax.scatter(below, [low] * len(below), marker="v", s=14, color="black", zorder=5, linewidths=0, clip_on=False)
+    return bool(above or below)
 
 
 def draw_standing(results: Results) -> Figure:
@@ -116,7 +135,8 @@ def draw_standing(results: Results) -> Figure:
     groups = groups[-1:] + groups[:-1] if groups[-1][0] == POOLED_LABEL else groups
     ncols = min(3, len(groups))
     nrows = math.ceil(len(groups) / ncols)
-    fig = Figure(figsize=(3.9 * ncols, 0.8 + 2.3 * nrows), layout="constrained")
+    width = max(3.9 * ncols, 5.6)
+    fig = Figure(figsize=(width, 1.0 + 2.3 * nrows), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, ax in enumerate(axes.flat):
         if i >= len(groups):
@@ -138,13 +158,14 @@ def draw_standing(results: Results) -> Figure:
                     ax.text(left + share / 2, yi, f"{share:.0f}%", ha="center", va="center", fontsize=8,
                             color="white" if o != Outcome.NEUTRAL else "black")
                 left += share
-        ax.set_yticks(y, [f"source {g}\n(n = {n} cells)" for g, n in zip(Standing, counts)])
+        ax.set_yticks(y, [f"source {g}\n(n = {n} cell{'' if n == 1 else 's'})" for g, n in zip(Standing, counts)])
         ax.set_xlim(0, 100)
         ax.set_xlabel("% of cells")
         ax.set_title(label)
     handles = [Patch(color=OUTCOME_COLORS[o], label=str(o)) for o in Outcome]
+    title = "Outcome of the skill-conditioned attempt vs the base solo (source tier vs base tier)"
     fig.legend(handles=handles, loc="outside upper center", ncols=3, frameon=False,
-               title="Outcome of the skill-conditioned attempt vs the base solo (source tier vs base tier)")
+               title=textwrap.fill(title, width=int(width * 13)))  # ~13 characters of 9 pt per inch
     return fig
 
 
@@ -196,13 +217,18 @@ def draw_pass_speedup(results: Results) -> Figure:
     return fig
 
 
+def _tokens_k(u: dict) -> float | None:
+    """Mean tokens per attempt, in thousands; None when none were recorded (0 means no model was asked: the
+    oracle, or an endpoint that reports no usage)."""
+    total = (u["prompt_tokens_mean"] or 0) + (u["completion_tokens_mean"] or 0)
+    return total / 1e3 if total > 0 else None
+
+
 def draw_usage(results: Results) -> Figure:
     """Mean tokens, cost and wall time per attempt, by model (groups) and arm (bars)."""
     labels = [m.label for m in results.models]
     by_key = {(u["model"], u["arm"]): u for u in results.usage}
-    panels = (("tokens per attempt (thousands)",
-               lambda u: None if u["prompt_tokens_mean"] is None and u["completion_tokens_mean"] is None
-               else ((u["prompt_tokens_mean"] or 0) + (u["completion_tokens_mean"] or 0)) / 1e3),
+    panels = (("tokens per attempt (thousands)", _tokens_k),
               ("cost per attempt (USD)", lambda u: u["cost_usd_mean"]),
               ("agent wall time per attempt (min)", lambda u: None if u["wall_s_mean"] is None
                else u["wall_s_mean"] / 60))
@@ -211,17 +237,23 @@ def draw_usage(results: Results) -> Figure:
     width = 0.8 / len(ARMS)
     x = np.arange(len(labels))
     for ax, (title, value) in zip(axes, panels):
+        gaps: dict[int, list[tuple[float, str]]] = {}
         for k, arm in enumerate(ARMS):
             values = [by_key.get((m.name, str(arm))) for m in results.models]
             heights = [np.nan if u is None or value(u) is None else value(u) for u in values]
             offsets = x + (k - (len(ARMS) - 1) / 2) * width
             ax.bar(offsets, heights, width=width, color=ARM_COLORS[arm], label=ARM_LABELS[arm])
-            for xi, h in zip(offsets, heights):
+            for i, (u, h) in enumerate(zip(values, heights)):
                 if np.isnan(h):
-                    ax.text(xi, 0, "not recorded", rotation=90, ha="center", va="bottom", fontsize=7,
-                            color="#555555")
+                    gaps.setdefault(i, []).append((offsets[i], "no attempts" if u is None else "not recorded"))
+        _label_gaps(ax, gaps, narrow=len(labels) > 3)
+        if len(gaps) == len(labels) and all(len(g) == len(ARMS) for g in gaps.values()):
+            ax.set_ylim(0, 1)  # nothing to draw: no axis of made-up numbers, negative ones included
+            ax.set_yticks([])
+        else:
+            ax.set_ylim(bottom=0)
         ax.set_xlim(-0.5, len(labels) - 0.5)
-        ax.set_xticks(x, labels, rotation=20 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
+        ax.set_xticks(x, labels, rotation=35 if len(labels) > 3 else 0, ha="right" if len(labels) > 3 else "center",
                       rotation_mode="anchor")
         ax.set_title(title)
         ax.grid(axis="y", color="#e0e0e0")
@@ -231,15 +263,32 @@ def draw_usage(results: Results) -> Figure:
     return fig
 
 
+def _label_gaps(ax, gaps: dict[int, list[tuple[float, str]]], narrow: bool) -> None:
+    """Say why bars are missing: once across a model's group when all its arms lack the number, else per bar."""
+    at_bottom = ax.get_xaxis_transform()  # x in data, y as a fraction of the axes
+    for i, missing in gaps.items():
+        reasons = {why for _, why in missing}
+        if len(missing) == len(ARMS) and len(reasons) == 1:  # across the group, or up it where groups are narrow
+            ax.text(i, 0.03, reasons.pop(), transform=at_bottom, ha="center", va="bottom", fontsize=8,
+                    color="#555555", rotation=90 if narrow else 0)
+            continue
+        for xi, why in missing:
+            ax.text(xi, 0.03, why, transform=at_bottom, rotation=90, ha="center", va="bottom", fontsize=7,
+                    color="#555555")
+
+
 FIGURES = (
     FigureSpec("fig3_paired_ratios", "Fig. 3. Per-problem paired ratio r = v_skill / v_base (geomean over "
-               "replicates), sorted, by model (rows) and direction (columns); shaded band = ±δ.",
+               "replicates), sorted, by model (rows) and direction (columns); shaded band = ±δ; the axis stops at "
+               f"{_pow2_label(-RATIO_AXIS_EXP)} and {_pow2_label(RATIO_AXIS_EXP)} at most, and longer bars end "
+               "there with a triangle.",
                draw_paired_ratios),
     FigureSpec("fig4_standing", "Fig. 4. Help / neutral / harm shares by relative standing of the source "
                "(source tier vs base tier), both directions pooled.", draw_standing),
     FigureSpec("fig5_pass_speedup", "Pass rate and speedup ladder per arm (left) and speedups of passed "
                "attempts (right), by model.", draw_pass_speedup),
-    FigureSpec("fig6_usage", "Mean tokens, cost and agent wall time per attempt, by model and arm.", draw_usage),
+    FigureSpec("fig6_usage", "Mean tokens, cost and agent wall time per attempt, by model and arm; \"not recorded\" "
+               "where no tokens or cost were recorded (the oracle asks no model).", draw_usage),
 )
 
 

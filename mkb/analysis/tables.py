@@ -119,6 +119,11 @@ def table_source_verdict(results: Results) -> Table:
                  _exclusion_notes(results), footnote(results.params))
 
 
+def ladder_key(threshold: float) -> str:
+    """The column of R@t, named by its threshold: r_at_0, r_at_0.5, r_at_1, ..."""
+    return f"r_at_{threshold:g}"
+
+
 def table_arms(results: Results) -> Table:
     """Ladder per model and arm: pass rate, R@t, score S, median speedup of passed attempts."""
     thresholds = results.params.thresholds
@@ -131,11 +136,11 @@ def table_arms(results: Results) -> Table:
             s = summarize_arm(trials, results.params)
             row = {"model": label, "arm": ARM_LABELS[arm], "attempts": s.attempts, "skipped": s.skipped,
                    "excluded": s.excluded, "score": s.score, "median_speedup": s.median_speedup}
-            row |= {f"r_at_{i}": rate for i, rate in enumerate(s.ladder)}
+            row |= {ladder_key(t): rate for t, rate in zip(thresholds, s.ladder)}
             rows.append(row)
     columns = (Column("model", "Model"), Column("arm", "Arm"), Column("attempts", "Attempts", "int"),
                Column("skipped", "Skipped", "int"), Column("excluded", "Not counted", "int"),
-               *(Column(f"r_at_{i}", f"R@{t:g}", "pct") for i, t in enumerate(thresholds)),
+               *(Column(ladder_key(t), f"R@{t:g}", "pct") for t in thresholds),
                Column("score", "S", "num"), Column("median_speedup", "Median speedup (passed, ×)", "num"))
     return Table("table5_arms", "Pass rate and speedup ladder by model and arm", columns, tuple(rows),
                  _exclusion_notes(results) + ("R@t over attempts made (skipped skill trials are not attempts).",),

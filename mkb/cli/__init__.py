@@ -62,8 +62,9 @@ def run_options(fn):
     """--device, --sandbox and --image: where an attempt's kernels are graded and its commands run (settings)."""
     fn = click.option("--image", help="Image for --sandbox docker (default: the image setting, mkb:latest).")(fn)
     fn = click.option("--sandbox", type=click.Choice(["local", "docker", "none"]),
-                      help="Where the agent's commands run: local (bubblewrap; falls back loudly to a plain "
-                           "subprocess), docker (a container of --image) or none (default: the sandbox setting).")(fn)
+                      help="Where the agent's commands run: local (bubblewrap; refused where it cannot run, unless "
+                           "MKB_UNSAFE_SANDBOX=1), docker (a container of --image) or none (no isolation: needs "
+                           "MKB_UNSAFE_SANDBOX=1) (default: the sandbox setting).")(fn)
     return click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]),
                         help="Where the judge runs kernels; cpu grades at smoke scale, for tests "
                              "(default: the device setting, auto).")(fn)

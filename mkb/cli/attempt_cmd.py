@@ -71,6 +71,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     """
     from mkb import protocol
     from mkb.agent import Budget
+    from mkb.agent.sandboxes import check_sandbox
     from mkb.problems import catalog_for, resolve
     from mkb.protocol.plan import Action, PlanItem
     from mkb.records import TrialSpec
@@ -90,6 +91,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
         command=command_line(ctx))
     protocol.model_config(request.model, request.base_url, request.api_key_env, sampling)  # fails before any file
     skill_text = _skill_text(skill)
+    check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
     spec = TrialSpec(problem=info, replicate=1, arm=arm_for(Dsl(dsl), skill_text is not None))
     with Store(settings.db_path) as store:
         console.print(f"{spec.trial_id} with {model_spec}: sandbox {settings.sandbox}, judge on {settings.device}, "
@@ -116,10 +118,12 @@ def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=
     \b
         mkb replay p28_r1_solo_cutedsl --device cuda --json
     """
+    from mkb.agent.sandboxes import check_sandbox
     from mkb.protocol.replay import replay as replay_attempt
     from mkb.store import Store
 
     settings = settings_from(ctx, db=db, device=device, sandbox=sandbox, image=image)
+    check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
     with Store(settings.db_path) as store:
         original, replayed = replay_attempt(store, settings, trial_or_attempt, command=command_line(ctx))
         before = {s.n: s for s in store.submissions(original.attempt_id)}

@@ -14,6 +14,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from mkb.agent.budget import Budget
+from mkb.agent.sandboxes import check_sandbox
 from mkb.environment import Device, resolve_device
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, select
@@ -110,6 +111,7 @@ def execute(settings: Settings, store: Store, request: RunRequest, items: list[P
 
         return run_model_ray(settings, store, request, items, ray, grade=grade, on_event=on_event, on_pool=on_pool,
                              given_skills=given_skills)
+    check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)  # once, before any trial
     device = resolve_device(settings)
     config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
     run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings, device=device,

@@ -88,7 +88,7 @@ def make_executor(settings: Settings, workspace: Path) -> Executor:
         from mkb.agent.docker_executor import DockerExecutor
 
         return DockerExecutor(workspace, settings.image)
-    return LocalExecutor(workspace, isolate=settings.sandbox == "local",
+    return LocalExecutor(workspace, isolate=settings.sandbox == "local", allow_unsafe=settings.unsafe_sandbox,
                          hide=(settings.home, settings.problems_dir, settings.solutions_path))
 
 
