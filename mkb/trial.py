@@ -26,6 +26,7 @@ from mkb.environment import Device, describe, toolchain_versions
 from mkb.records import Record, State, Status, Timings, TrialSpec
 from mkb.settings import Settings
 from mkb.store import Attempt, Message, Row, Run, Skill, Store, StoredSubmission, Trial, now
+from mkb.store.owner import current_owner
 
 
 class FingerprintParts(Record):
@@ -110,12 +111,12 @@ def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: B
               "budget": budget.model_dump(mode="json"), "sandbox": settings.sandbox,
               "image": settings.image if settings.sandbox == "docker" else None, "device": device.kind,
               "scale": device.scale}
-    facts = describe(with_gpu=False)
+    facts, owner = describe(with_gpu=False), current_owner()
     run = Run(run_id=uuid.uuid4().hex, model=model, provider=provider or (config.provider if config else "oracle"),
               base_url=config.base_url if config else None, api_key_env=config.api_key_env if config else None,
               is_oracle=config is None and provider is None, params=params, versions=facts["versions"],
-              git_commit=facts["git_commit"], host=facts["host"], gpus=device.gpus, command=command,
-              started_at=now())
+              git_commit=facts["git_commit"], host=owner.host, owner_pid=owner.pid, owner_start=owner.start,
+              gpus=device.gpus, command=command, started_at=now())
     store.put(run)
     return run.run_id
 

@@ -34,7 +34,7 @@ def test_new_database_has_every_table_and_the_schema_version(store):
     tables = {r[0] for r in store.query("SELECT table_name FROM information_schema.tables")[1]}
     assert {"problems", "problem_checks", "runs", "trials", "attempts", "messages", "submissions", "skills",
             "evaluations", "schema_migrations"} <= tables
-    assert store.schema_version == len(migrations.MIGRATIONS)
+    assert store.schema_version == migrations.latest()
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.table)
@@ -56,7 +56,7 @@ def test_migrations_apply_once_and_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS + [m999_add_note])
     for _ in range(2):
         with Store(path) as s:
-            assert s.schema_version == len(migrations.MIGRATIONS)
+            assert s.schema_version == migrations.latest()
             assert "note" in s.query("SELECT * FROM trials LIMIT 0")[0]
     assert applied == [1]
     with Store(path) as s:
@@ -74,7 +74,7 @@ def test_a_database_written_by_main_migrates_and_wall_s_becomes_agent_time(tmp_p
     con.close()
     with Store(path) as store:
         trials = {t.trial_id: t for t in store.trials()}
-        assert store.schema_version == len(migrations.MIGRATIONS)
+        assert store.schema_version == migrations.latest()
     assert trials["p28_r1_solo_cutedsl"].wall_s == pytest.approx(before["p28_r1_solo_cutedsl"] - 2.5)
     assert trials["p28_r1_solo_tirx"].wall_s == before["p28_r1_solo_tirx"]  # run-model's was agent time already
     assert trials["p28_r2_solo_cutedsl"].wall_s is None
@@ -86,7 +86,7 @@ def test_a_read_only_open_of_an_older_database_migrates_a_copy_and_leaves_the_fi
     path = import_main_db(tmp_path / "main.duckdb")
     before = path.read_bytes()
     with Store(path, read_only=True) as store:
-        assert store.schema_version == len(migrations.MIGRATIONS)
+        assert store.schema_version == migrations.latest()
         assert [t.trial_id for t in store.trials()] == ["p28_r1_solo_cutedsl", "p28_r1_solo_tirx"]
         assert store.rows("SELECT count(*) AS n FROM trial_outcomes WHERE attempted") == [{"n": 2}]
     assert path.read_bytes() == before

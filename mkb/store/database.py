@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,10 +17,11 @@ import duckdb
 
 from mkb.errors import MkbError, StoreError
 from mkb.records import Arm, State, Status
-from mkb.store import migrations
+from mkb.store import migrations, owner
 from mkb.store.rows import Attempt, Message, Row, Skill, StoredSubmission, Trial
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
+_WRITABLE_FIX = "Point --db (or MKB_HOME, which holds all mutable state) at a writable directory."
 R = TypeVar("R", bound=Row)
 
 
@@ -55,7 +57,7 @@ class Store:
         self._lock = threading.RLock()
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path}. Run 'mkb db init' or a benchmark command first.")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._make_parent()
         try:
             self.db = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
@@ -65,17 +67,46 @@ class Store:
                 self._open_migrated_copy()
             self._migrate()
             self._create_views()
+            if not read_only:
+                with self.transaction() as db:
+                    owner.reap(db)
         except StoreError:
             self.db.close()
             raise
+        except duckdb.Error as exc:  # e.g. the write-ahead log cannot be made next to a file in a read-only directory
+            self.db.close()
+            raise StoreError(self._explain(exc)) from None
+
+    def _make_parent(self) -> None:
+        if str(self.path) == ":memory:" or self.path.parent.is_dir():
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the directory {self.path.parent} for the results database "
+                             f"({exc.strerror or exc}). {_WRITABLE_FIX}") from None
 
     def _explain(self, exc: Exception) -> str:
         text = str(exc)
         if "lock" in text.lower():
             return (f"{self.path} is in use by another mkb process. Wait for it to finish, "
                     f"or use another database with --db.")
+        if "Read-only file system" in text or "Permission denied" in text or not self._writable():
+            reason = "read-only file system" if "Read-only" in text else "permission denied"
+            if self.read_only:
+                return f"{self.path} cannot be read ({reason}). Make it readable, or point --db at a copy."
+            if not self.path.exists():
+                return f"cannot create the results database {self.path} ({reason}). {_WRITABLE_FIX}"
+            return (f"{self.path} cannot be opened for writing ({reason}), and this command records results. "
+                    f"Copy it to a writable place and pass --db, or make it writable; commands that only read "
+                    f"it (report, show, export, db query) work on it as it is.")
         return (f"{self.path} is not a readable mkb database ({text.splitlines()[0][:160]}). "
                 f"Move it aside and run 'mkb db init', or point --db elsewhere.")
+
+    def _writable(self) -> bool:
+        """Writes need the file and its directory (DuckDB keeps a write-ahead log beside the file)."""
+        paths = (self.path.parent, self.path) if self.path.exists() else (self.path.parent,)
+        return self.read_only or all(os.access(p, os.W_OK) for p in paths)
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.db.execute(
@@ -93,7 +124,7 @@ class Store:
         applied = self._applied()
         if not applied:
             raise StoreError(f"{self.path} is empty. Run 'mkb db init' first.")
-        return len(applied) < len(migrations.MIGRATIONS)
+        return bool({migrations.version(m) for m in migrations.MIGRATIONS} - applied)
 
     def _open_migrated_copy(self) -> None:
         """Swap the read-only file for an in-memory copy of it that can be migrated."""
@@ -108,11 +139,12 @@ class Store:
         if "schema_migrations" not in self._tables():
             self.db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, "
                             "applied_at TIMESTAMP)")
-        newest, known = max(done, default=0), len(migrations.MIGRATIONS)
-        if newest > known:
-            raise StoreError(f"{self.path} has schema version {newest}, newer than this mkb's "
-                             f"{known}. Upgrade mkb (git pull; make install) to read it.")
-        for version, step in enumerate(migrations.MIGRATIONS, start=1):
+        unknown = done - {migrations.version(m) for m in migrations.MIGRATIONS}
+        if unknown:
+            raise StoreError(f"{self.path} has schema version {max(unknown)}, newer than this mkb knows (its newest "
+                             f"is {migrations.latest()}). Upgrade mkb (git pull; make install) to read it.")
+        for step in sorted(migrations.MIGRATIONS, key=migrations.version):
+            version = migrations.version(step)
             if version not in done:
                 with self.transaction() as db:
                     step(db)

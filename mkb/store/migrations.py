@@ -1,18 +1,41 @@
 """The results database's schema as numbered migrations: each applied once, in order, and recorded.
 
 A change to the schema is a new function at the end, decorated with @migration and named
-mNNN_what_it_does; the Store applies the ones a file lacks when it opens it (in memory for a read-only
-open). A new column also goes into its record in mkb/store/rows.py.
+mNNN_what_it_does: NNN is its version (so a version never changes when branches that each added
+migrations are merged; gaps are fine). The Store applies the ones a file lacks, in version order, when
+it opens it (in memory for a read-only open). A new column also goes into its record in mkb/store/rows.py.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import duckdb
 
-MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
-migration = MIGRATIONS.append
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+MIGRATIONS: list[Migration] = []
+
+
+def version(step: Migration) -> int:
+    """The version a migration's name carries (m010_run_owner -> 10)."""
+    found = re.fullmatch(r"m(\d{3})_\w+", step.__name__)
+    if found is None:
+        raise ValueError(f"migration {step.__name__} must be named mNNN_what_it_does")
+    return int(found.group(1))
+
+
+def migration(step: Migration) -> Migration:
+    """Register a migration (its version from its name; each version once)."""
+    if version(step) in {version(m) for m in MIGRATIONS}:
+        raise ValueError(f"migration version {version(step)} is taken ({step.__name__})")
+    MIGRATIONS.append(step)
+    return step
+
+
+def latest() -> int:
+    """The newest schema version this mkb knows."""
+    return max(version(m) for m in MIGRATIONS)
 
 
 @migration
@@ -95,3 +118,11 @@ def m002_wall_s_is_agent_time(db: duckdb.DuckDBPyConnection) -> None:
                f"WHERE wall_s IS NOT NULL AND queue_s IS NOT NULL AND {by_attempt}")
     db.execute(f"UPDATE trials SET wall_s = NULL, message = concat_ws(' ', message, ?) "
                f"WHERE wall_s IS NOT NULL AND queue_s IS NULL AND {by_attempt}", [WALL_S_UNKNOWN])
+
+
+@migration
+def m010_run_owner(db: duckdb.DuckDBPyConnection) -> None:
+    """runs.owner_pid and runs.owner_start: with runs.host they name the process that runs a run, so that a
+    later mkb can tell a run whose process was killed from one still under way (mkb/store/owner.py)."""
+    db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
+    db.execute("ALTER TABLE runs ADD COLUMN owner_start VARCHAR")

@@ -62,7 +62,11 @@ class Run(Row):
     git_commit: str | None = None
     """Commit of the mkb checkout ('+dirty' with local changes)."""
     host: str | None = None
-    """Host name of the driver."""
+    """Host name of the driver (the process that runs the run and writes its rows)."""
+    owner_pid: int | None = None
+    """The driver's process id; with host and owner_start it tells a later mkb whether the run is still under way."""
+    owner_start: str | None = None
+    """The driver's start: '<boot id>/<start time in clock ticks>' (Linux), so a reused pid is not taken for it."""
     gpus: list[dict[str, Any]] | None = None
     """The GPUs the judge used."""
     command: str | None = None
