@@ -37,7 +37,7 @@ class Settings(BaseModel):
     arch: str = "sm_90a"
     """GPU architecture to compile for and to name when no GPU is visible (sm_90a Hopper, sm_100a Blackwell)."""
     sandbox: Literal["local", "docker", "none"] = "local"
-    """Where the agent's commands run: local (bubblewrap; a loud plain-subprocess fallback), docker, none."""
+    """Where the agent's commands run: local (bubblewrap; refused where it cannot run, unless unsafe_sandbox), docker, none (needs unsafe_sandbox)."""
     image: str = "mkb:latest"
     """Image of the attempt containers when sandbox is docker."""
     judge_timeout_s: float = 600.0
@@ -52,6 +52,8 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
+    model_retry_s: float = Field(default=240.0, ge=0)
+    """Seconds one model request may spend waiting to retry rate limits, timeouts, refused connections and 5xx (waits of 2 s doubling to 60 s; one log line per retry); then the attempt ends as infra_error. 0: no retries."""
     unsafe_sandbox: bool = False
     """Let agents' commands run unisolated (they can read the API key and every file) where bubblewrap cannot run or with --sandbox none; otherwise those attempts are refused."""
 

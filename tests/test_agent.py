@@ -269,11 +269,14 @@ def test_a_fatal_provider_error_ends_the_attempt_as_infra_error(run, llm_server,
     assert [m["role"] for m in transcript] == ["system", "user"]
 
 
-def test_retries_give_up_as_infra_error(run, llm_server):
-    config = parse_model_spec("openai/gpt-x", llm_server.base_url, max_retries=2)
+@pytest.mark.parametrize("retry_s, waits", [(6, [2.0, 4.0]), (5, [2.0, 3.0]), (0, [])])
+def test_retries_stop_at_the_retry_budget_as_infra_error(run, llm_server, retry_s, waits):
+    """The waits double from 2 s; the last is cut to the budget left; a budget of 0 never retries."""
+    config = parse_model_spec("openai/gpt-x", llm_server.base_url, retry_s=retry_s)
     result, _, sleeps, _ = run([error(500), error(502), error(500)], config=config)
-    assert result.state == "infra_error" and "gave up after 2 retries" in result.message
-    assert sleeps == [2.0, 4.0] and len(llm_server.requests) == 3
+    assert result.state == "infra_error" and f"gave up after {len(waits)} retries" in result.message
+    assert "MKB_MODEL_RETRY_S" in result.message
+    assert sleeps == waits and len(llm_server.requests) == len(waits) + 1
 
 
 _CHOICE = {"id": "c", "object": "chat.completion", "model": "scripted", "created": 0}
@@ -477,3 +480,14 @@ def test_a_malformed_reply_is_a_recorded_infra_error_in_attempt_and_run_model(co
     assert (trial["state"], trial["status"]) == ("infra_error", "infra_error")
     for message in (attempt["message"], trial["message"]):
         assert "HTTP 200 from the provider with a malformed reply: the body is not JSON" in message
+
+
+def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_path):
+    calls = [call("read_file", {"path": "missing.py"}), call("read_file", {"path": "docs/../absent/x.txt"}),
+             call("write_file", {"path": "kernel.py/inner.py", "content": "x"})]
+    result, transcript, _, _ = run([reply(calls=calls), reply(calls=[call("finish", {})])])
+    texts = tool_results(transcript)
+    assert texts[0].startswith("error: read_file failed: missing.py: No such file or directory")
+    assert texts[1].startswith("error: read_file failed: docs/../absent/x.txt: No such file or directory")
+    assert texts[2].startswith("error: write_file failed: kernel.py/inner.py: File exists")
+    assert all(str(tmp_path) not in t for t in texts), texts

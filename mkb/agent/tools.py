@@ -107,7 +107,7 @@ class Toolbox:
         try:
             return getattr(self, f"_{name}")(**args)
         except (OSError, ValueError) as exc:
-            return ToolResult(f"error: {name} failed: {exc}", {"error": type(exc).__name__})
+            return ToolResult(f"error: {name} failed: {_error_text(exc, args)}", {"error": type(exc).__name__})
 
     def _bash(self, command: str, timeout_s: float | None = None) -> ToolResult:
         limit = min(timeout_s or self.budget.bash_timeout_s, self.budget.bash_timeout_s, self.clock.remaining_s())
@@ -174,6 +174,13 @@ class Toolbox:
 
     def close(self) -> None:
         self._staging.cleanup()
+
+
+def _error_text(exc: Exception, args: dict[str, Any]) -> str:
+    """An OS error names the path the model gave, never the host path it resolved to."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{args['path']}: {exc.strerror}" if "path" in args else str(exc.strerror)
+    return str(exc)
 
 
 def _arguments(name: str, raw: str | dict) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mkb import problems as catalog_mod
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import console, db_option, emit, output_options, settings_from
 from mkb.records import DSLS, FAMILIES
 
 
@@ -124,6 +124,7 @@ def problems_show(ctx, problem_id, json_=False, csv_=False):
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--family", type=click.Choice(FAMILIES), multiple=True, help="Only these families.")
 @click.option("--record", is_flag=True, help="Store the reports in the results database.")
+@db_option
 @output_options
 @click.pass_context
 def problems_check(ctx, ids, scale, device, family, record, json_=False, csv_=False):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import console, db_option, emit, output_options, require_writable, settings_from
 from mkb.errors import MkbError
 
 CLAIMS = Path(__file__).resolve().parents[2] / "artifact" / "claims.json"
@@ -35,7 +35,7 @@ def _load(store, models: list[str] | None):
 
 
 @click.command(name="report")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output directory (default <home>/report).")
 @click.option("--models", multiple=True, help="Models to include, comma-separated or repeated (default: all).")
 @click.option("--compare-claims", is_flag=True, help="Also compare with the paper's claims and print the comparison.")
@@ -46,7 +46,7 @@ def _load(store, models: list[str] | None):
                    "per cell with both transcripts, the skill and the kernel diff, and per-trial JSON.")
 @output_options
 @click.pass_context
-def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, html, json_=False, csv_=False):
+def report(ctx, out_dir, models, compare_claims, claims_path, no_figures, html, json_=False, csv_=False):
     """Write every table (Markdown, CSV, LaTeX) and figure (PNG, PDF) plus index.md from the database.
 
     Prints the index path (or, with --compare-claims, the claimed-vs-reproduced rows) on stdout.
@@ -62,7 +62,7 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
     from mkb.analysis.report import write_report
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
         results = _load(store, _models(models))
     claims = None
@@ -72,6 +72,7 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
             raise MkbError(f"claims file {path} not found. Pass one with --claims (see artifact/claims.json).")
         claims = load_claims(path)
     out = Path(out_dir) if out_dir else settings.home / "report"
+    require_writable(out, "the report is written there", "Pass --out with a writable directory.")
     written = write_report(results, out, claims, with_figures=not no_figures,
                            site_db=settings.db_path if html else None)
     console.print(f"{len(written.tables)} table files and {len(written.figures)} figure files in {out}; "
@@ -92,9 +93,9 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
 @click.command(name="export")
 @click.option("--parquet", "parquet_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for one <name>.parquet per table and view, plus cell_scores and params.json.")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @click.pass_context
-def export(ctx, parquet_dir, db):
+def export(ctx, parquet_dir):
     """Export every table, every analysis view and the scored cells as Parquet files.
 
     Schema and example queries: docs/results-schema.md.
@@ -108,7 +109,7 @@ def export(ctx, parquet_dir, db):
     from mkb.analysis.export import export_parquet
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
         written = export_parquet(store, Path(parquet_dir))
     console.print(f"{len(written)} files in {parquet_dir}")

@@ -113,7 +113,8 @@ def execute(settings: Settings, store: Store, request: RunRequest, items: list[P
                              given_skills=given_skills)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)  # once, before any trial
     device = resolve_device(settings)
-    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
+    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling,
+                          retry_s=settings.model_retry_s)
     run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings, device=device,
                        command=request.command)
     pool = JudgePool(grade or judge_grader(settings, device), request.slots or device.slots)

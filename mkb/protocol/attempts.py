@@ -59,11 +59,13 @@ def oracle_model(problem: ProblemInfo, dsl: Dsl, solutions_dir: Path) -> Scripte
 
 
 def model_config(model: str, base_url: str | None, api_key_env: str | None,
-                 sampling: dict | None) -> ModelConfig | None:
-    """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs."""
+                 sampling: dict | None, retry_s: float | None = None) -> ModelConfig | None:
+    """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs.
+
+    retry_s is the model_retry_s setting (None: ModelConfig's default)."""
     if model == ORACLE:
         return None
-    config = parse_model_spec(model, base_url, api_key_env, **(sampling or {}))
+    config = parse_model_spec(model, base_url, api_key_env, **(sampling or {}), retry_s=retry_s)
     config.api_key()
     return config
 
