@@ -209,13 +209,16 @@ def test_a_killed_attempt_loses_at_most_the_message_in_flight(entry, llm_server,
         hold.release()
         if proc.poll() is None:
             proc.kill()
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:  # as the kill left it (a write open marks it interrupted)
         [trial] = store.trials()
         attempt = store.find_attempt(trial.trial_id)
         assert attempt.state == State.RUNNING and attempt.finished_at is None and trial.state == State.RUNNING
         messages = store.messages(attempt.attempt_id)
         assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
         assert messages[2].content == "first" and "wrote" in messages[3].content
+    with Store(db) as store:
+        assert store.find_attempt(trial.trial_id).state == State.INTERRUPTED
+        assert len(store.messages(attempt.attempt_id)) == 4
 
 
 def test_cli_replay_regrades_with_the_current_judge(store, settings, llm_server):
