@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -17,11 +16,10 @@ import duckdb
 
 from mkb.errors import MkbError, StoreError
 from mkb.records import Arm, State, Status
-from mkb.store import migrations, owner
+from mkb.store import access, migrations, owner
 from mkb.store.rows import Attempt, Message, Row, Skill, StoredSubmission, Trial
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
-_WRITABLE_FIX = "Point --db (or MKB_HOME, which holds all mutable state) at a writable directory."
 R = TypeVar("R", bound=Row)
 
 
@@ -57,11 +55,11 @@ class Store:
         self._lock = threading.RLock()
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path}. Run 'mkb db init' or a benchmark command first.")
-        self._make_parent()
+        access.make_parent(self.path)
         try:
             self.db = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
-            raise StoreError(self._explain(exc)) from None
+            raise StoreError(access.explain(self.path, read_only, exc)) from None
         try:
             if read_only and self._pending():
                 self._open_migrated_copy()
@@ -75,38 +73,7 @@ class Store:
             raise
         except duckdb.Error as exc:  # e.g. the write-ahead log cannot be made next to a file in a read-only directory
             self.db.close()
-            raise StoreError(self._explain(exc)) from None
-
-    def _make_parent(self) -> None:
-        if str(self.path) == ":memory:" or self.path.parent.is_dir():
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the directory {self.path.parent} for the results database "
-                             f"({exc.strerror or exc}). {_WRITABLE_FIX}") from None
-
-    def _explain(self, exc: Exception) -> str:
-        text = str(exc)
-        if "lock" in text.lower():
-            return (f"{self.path} is in use by another mkb process. Wait for it to finish, "
-                    f"or use another database with --db.")
-        if "Read-only file system" in text or "Permission denied" in text or not self._writable():
-            reason = "read-only file system" if "Read-only" in text else "permission denied"
-            if self.read_only:
-                return f"{self.path} cannot be read ({reason}). Make it readable, or point --db at a copy."
-            if not self.path.exists():
-                return f"cannot create the results database {self.path} ({reason}). {_WRITABLE_FIX}"
-            return (f"{self.path} cannot be opened for writing ({reason}), and this command records results. "
-                    f"Copy it to a writable place and pass --db, or make it writable; commands that only read "
-                    f"it (report, show, export, db query) work on it as it is.")
-        return (f"{self.path} is not a readable mkb database ({text.splitlines()[0][:160]}). "
-                f"Move it aside and run 'mkb db init', or point --db elsewhere.")
-
-    def _writable(self) -> bool:
-        """Writes need the file and its directory (DuckDB keeps a write-ahead log beside the file)."""
-        paths = (self.path.parent, self.path) if self.path.exists() else (self.path.parent,)
-        return self.read_only or all(os.access(p, os.W_OK) for p in paths)
+            raise StoreError(access.explain(self.path, read_only, exc)) from None
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.db.execute(
