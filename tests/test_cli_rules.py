@@ -53,6 +53,14 @@ def test_db_before_and_after_the_command_is_the_same_setting(tmp_path):
     assert twice.exit_code == 2 and "--db is given twice" in twice.stderr
 
 
+@pytest.mark.parametrize("path, cmd", sorted(_leaves(main), key=lambda x: x[0]), ids=lambda x: " ".join(x)
+                         if isinstance(x, tuple) else "")
+def test_every_list_option_is_repeated_or_comma_separated(path, cmd):
+    for param in cmd.params:
+        if getattr(param, "multiple", False):
+            assert "comma_separated" in getattr(param.callback, "__qualname__", ""), f"mkb {' '.join(path)} {param.opts}"
+
+
 def test_arms_and_families_are_comma_separated_like_problems(tmp_path):
     plan = invoke("run-model", "reference", "--problems", "p28,p25", "--arms", "solo_cutedsl,solo_tirx",
                   "--families", "mlp_norm,kv_cache", "--dry-run")
@@ -63,6 +71,8 @@ def test_arms_and_families_are_comma_separated_like_problems(tmp_path):
     assert "(3 trials)" in repeated.stderr  # the skill arm pulls in its source solo
     bad = invoke("run-model", "reference", "--arms", "solo_cutedsl,solo_cuda", "--dry-run")
     assert bad.exit_code == 2 and "'solo_cuda' is not one of" in bad.stderr
+    listed = invoke("problems", "list", "--family", "moe,kv_cache", "--json")
+    assert {p["family"] for p in json.loads(listed.stdout)} == {"moe", "kv_cache"}
 
 
 @pytest.mark.parametrize("dry", [[], ["--dry-run"]])

@@ -7,16 +7,11 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, db_option, emit, output_options, require_writable, settings_from
+from mkb.cli import comma_separated, console, db_option, emit, output_options, require_writable, settings_from
 from mkb.errors import MkbError
 
 CLAIMS = Path(__file__).resolve().parents[2] / "artifact" / "claims.json"
 COMPARE_COLUMNS = ["claim", "claimed", "reproduced", "basis", "verdict"]
-
-
-def _models(values: tuple[str, ...]) -> list[str] | None:
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    return names or None
 
 
 def _load(store, models: list[str] | None):
@@ -37,7 +32,8 @@ def _load(store, models: list[str] | None):
 @click.command(name="report")
 @db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output directory (default <home>/report).")
-@click.option("--models", multiple=True, help="Models to include, comma-separated or repeated (default: all).")
+@click.option("--models", multiple=True, callback=comma_separated(),
+              help="Models to include, comma-separated or repeated (default: all).")
 @click.option("--compare-claims", is_flag=True, help="Also compare with the paper's claims and print the comparison.")
 @click.option("--claims", "claims_path", type=click.Path(dir_okay=False), help="Claims file (default artifact/claims.json).")
 @click.option("--no-figures", is_flag=True, help="Tables only (faster).")
@@ -64,7 +60,7 @@ def report(ctx, out_dir, models, compare_claims, claims_path, no_figures, html, 
 
     settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
-        results = _load(store, _models(models))
+        results = _load(store, list(models) or None)
     claims = None
     if compare_claims:
         path = Path(claims_path) if claims_path else CLAIMS
