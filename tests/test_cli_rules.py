@@ -58,7 +58,8 @@ def test_db_before_and_after_the_command_is_the_same_setting(tmp_path):
 def test_every_list_option_is_repeated_or_comma_separated(path, cmd):
     for param in cmd.params:
         if getattr(param, "multiple", False):
-            assert "comma_separated" in getattr(param.callback, "__qualname__", ""), f"mkb {' '.join(path)} {param.opts}"
+            where = f"mkb {' '.join(path)} {param.opts}"
+            assert "comma_separated" in getattr(param.callback, "__qualname__", ""), where
 
 
 def test_arms_and_families_are_comma_separated_like_problems(tmp_path):
@@ -88,7 +89,8 @@ def test_a_trial_ended_in_infra_error_exits_3_from_attempt_and_run_model(command
     db = tmp_path / "infra.duckdb"
     endpoint = ["--base-url", llm_server.base_url, "--device", "cpu", "--db", str(db)]
     argv = (["attempt", "p28", "--dsl", "cutedsl", "--model", "openai/gpt-x", *endpoint] if command == "attempt" else
-            ["run-model", "openai/gpt-x", "--problems", "p28", "--arms", "solo_cutedsl", "--concurrency", "1", *endpoint])
+            ["run-model", "openai/gpt-x", "--problems", "p28", "--arms", "solo_cutedsl", "--concurrency", "1",
+             *endpoint])
     result = invoke(*argv, env={"OPENAI_API_KEY": "sk-test"})
     assert result.exit_code == EXIT_INFRA_ERROR == 3, result.stderr
     assert "1 trial ended in infra_error" in " ".join(result.stderr.split())

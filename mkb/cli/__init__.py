@@ -34,8 +34,9 @@ def infra_failed(row) -> bool:
 def exit_on_infra_errors(n: int | bool, noun: str) -> None:
     """The one exit rule for infra_error (run-model, attempt, replay, verify): say so and exit 3 when n > 0."""
     if n:
-        console.print(f"{int(n)} {noun}{'s' if n > 1 else ''} ended in infra_error (the provider or the judge failed; not charged to the "
-                      f"model): run the same command again to retry, exit status {EXIT_INFRA_ERROR}")
+        console.print(f"{int(n)} {noun}{'s' if n > 1 else ''} ended in infra_error (the provider or the judge "
+                      f"failed; not charged to the model): run the same command again to retry, exit status "
+                      f"{EXIT_INFRA_ERROR}")
         sys.exit(EXIT_INFRA_ERROR)
 
 
@@ -76,6 +77,11 @@ def require_writable(directory: Path, why: str, fix: str) -> None:
         tempfile.TemporaryFile(dir=directory).close()
     except OSError as exc:
         raise MkbError(f"{directory} is not writable ({exc.strerror or exc}), and {why}. {fix}") from None
+
+
+def require_writable_home(settings: Settings, why: str) -> None:
+    """require_writable for MKB_HOME, which holds workspaces and reports."""
+    require_writable(settings.home, why, "Set MKB_HOME (or --home) to a writable directory.")
 
 
 def output_options(fn):
@@ -158,8 +164,9 @@ class MkbGroup(click.Group):
         except OSError as exc:  # a path the user chose that cannot be written: a fix, not a traceback
             if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or exc.filename is None:
                 raise
-            raise click.ClickException(f"{exc.filename}: {exc.strerror}. Point --db, --home (MKB_HOME, which holds "
-                                       f"all mutable state) or --out at a writable directory.") from None
+            raise click.ClickException(f"{exc.filename}: {exc.strerror}. Choose a writable path (--db, --out, "
+                                       f"--parquet; --home or MKB_HOME holds all mutable state), or make it "
+                                       f"writable.") from None
         except KeyboardInterrupt:
             console.print("interrupted")
             sys.exit(130)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from mkb.cli import (command_line, console, db_option, emit, exit_on_infra_errors, infra_failed, output_options,
-                     require_writable, run_options, settings_from)
+                     require_writable_home, run_options, settings_from)
 from mkb.errors import MkbError
 from mkb.records import DSLS, Arm, Dsl
 
@@ -94,7 +94,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, device,
     protocol.model_config(request.model, request.base_url, request.api_key_env, sampling)  # fails before any file
     skill_text = _skill_text(skill)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
-    require_writable(settings.home, "an attempt keeps its workspace there", "Set MKB_HOME (or --home) to a writable directory.")
+    require_writable_home(settings, "an attempt keeps its workspace there")
     spec = TrialSpec(problem=info, replicate=1, arm=arm_for(Dsl(dsl), skill_text is not None))
     with Store(settings.db_path) as store:
         console.print(f"{spec.trial_id} with {model_spec}: sandbox {settings.sandbox}, judge on {settings.device}, "
@@ -128,7 +128,7 @@ def replay(ctx, trial_or_attempt, device, sandbox, image, json_=False, csv_=Fals
 
     settings = settings_from(ctx, device=device, sandbox=sandbox, image=image)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
-    require_writable(settings.home, "a replay keeps its workspace there", "Set MKB_HOME (or --home) to a writable directory.")
+    require_writable_home(settings, "a replay keeps its workspace there")
     with Store(settings.db_path) as store:
         original, replayed = replay_attempt(store, settings, trial_or_attempt, command=command_line(ctx))
         before = {s.n: s for s in store.submissions(original.attempt_id)}

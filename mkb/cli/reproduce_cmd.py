@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from mkb.cli import console, db_option, emit, require_writable, settings_from
+from mkb.cli import console, db_option, emit, require_writable_home, settings_from
 
 
 @click.command(name="reproduce")
@@ -32,7 +32,7 @@ def reproduce_cmd(ctx, model, base_url, problems):
     from mkb.reproduce import reproduce
 
     settings = settings_from(ctx, base_url=base_url)
-    require_writable(settings.home, "reproduce keeps workspaces and reports there", "Set MKB_HOME (or --home) to a writable directory.")
+    require_writable_home(settings, "reproduce keeps workspaces and reports there")
     result = reproduce(settings, model=model, problems=[p for p in (problems or "").split(",") if p] or None)
     console.print(f"GPU: {result.gpu or 'none visible (CPU-only steps)'}")
     emit([{"step": s.name, "result": "skipped" if s.skipped else "ok" if s.ok else "FAILED", "summary": s.summary}

@@ -7,7 +7,7 @@ import time
 import click
 
 from mkb.cli import (command_line, comma_separated, console, db_option, emit, exit_on_infra_errors, infra_failed,
-                     require_writable, run_options, settings_from)
+                     require_writable_home, run_options, settings_from)
 from mkb.records import FAMILIES, Arm
 
 
@@ -102,8 +102,7 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
             parse_model_spec(model, settings.base_url, api_key_env)
     else:
         protocol.model_config(model, settings.base_url, api_key_env, None)
-        require_writable(settings.home, "runs keep the attempts' workspaces there",
-                         "Set MKB_HOME (or --home) to a writable directory.")
+        require_writable_home(settings, "runs keep the attempts' workspaces there")
     request = protocol.RunRequest(
         model=model, problems=list(problems) or None, families=list(families) or None,
         arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,
