@@ -279,6 +279,14 @@ def test_retries_stop_at_the_retry_budget_as_infra_error(run, llm_server, retry_
     assert sleeps == waits and len(llm_server.requests) == len(waits) + 1
 
 
+@pytest.mark.parametrize("retry_after, wait", [(-5, 2.0), (float("nan"), 2.0), (float("inf"), 2.0), (1e9, 60.0),
+                                               (0.5, 0.5)])
+def test_a_retry_after_header_is_never_trusted_blindly(run, llm_server, retry_after, wait):
+    config = parse_model_spec("openai/gpt-x", llm_server.base_url, retry_s=300)
+    result, _, sleeps, _ = run([error(429, retry_after=retry_after), reply(calls=[call("finish", {})])], config=config)
+    assert result.state == "finished" and sleeps == [wait]
+
+
 _CHOICE = {"id": "c", "object": "chat.completion", "model": "scripted", "created": 0}
 MALFORMED = {
     "not JSON": (raw('{"choices": [{"message": '), "the body is not JSON"),
@@ -484,10 +492,16 @@ def test_a_malformed_reply_is_a_recorded_infra_error_in_attempt_and_run_model(co
 
 def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_path):
     calls = [call("read_file", {"path": "missing.py"}), call("read_file", {"path": "docs/../absent/x.txt"}),
-             call("write_file", {"path": "kernel.py/inner.py", "content": "x"})]
-    result, transcript, _, _ = run([reply(calls=calls), reply(calls=[call("finish", {})])])
+             call("write_file", {"path": "kernel.py/inner.py", "content": "x"}),
+             call("bash", {"command": "ln -s loop loop && rm kernel.py && ln -s kernel.py kernel.py && echo made"}),
+             call("read_file", {"path": "loop"}), call("write_file", {"path": "loop", "content": "x"})]
+    result, transcript, _, judge = run([reply(calls=calls), reply(calls=[call("finish", {})])])
     texts = tool_results(transcript)
     assert texts[0].startswith("error: read_file failed: missing.py: No such file or directory")
     assert texts[1].startswith("error: read_file failed: docs/../absent/x.txt: No such file or directory")
     assert texts[2].startswith("error: write_file failed: kernel.py/inner.py: File exists")
+    assert texts[4].startswith("error: read_file failed: loop: Too many levels of symbolic links")
+    assert texts[5].startswith("error: write_file failed: loop: Too many levels of symbolic links")
     assert all(str(tmp_path) not in t for t in texts), texts
+    # a kernel.py that is a symlink loop is graded as an empty file: the attempt ends normally, charged
+    assert (result.state, judge.sources) == ("finished", [""])

@@ -124,3 +124,12 @@ def test_the_retry_budget_is_a_setting_and_each_retry_is_logged(tmp_path):
     assert {"setting": "model_retry_s", "value": 3.0} in json.loads(shown.stdout)
     negative = invoke("settings", env={"MKB_MODEL_RETRY_S": "-1"})
     assert negative.exit_code == 1 and "model_retry_s" in negative.stderr and "Traceback" not in negative.output
+
+
+def test_a_file_given_as_mkb_home_is_one_line_before_anything_runs(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a directory")
+    result = invoke("run-model", "reference", "--problems", "p28", "--device", "cpu", "--db", str(tmp_path / "h.db"),
+                    env={"MKB_HOME": str(home)})
+    assert result.exit_code == 1 and f"{home} is a file" in result.stderr and "MKB_HOME" in result.stderr
+    assert not (tmp_path / "h.db").exists() and home.read_text() == "not a directory"

@@ -137,6 +137,12 @@ def test_a_second_writer_process_is_refused_with_a_clear_message(tmp_path):
     assert "in use by another mkb process" in out.stdout
 
 
+def test_a_directory_given_as_the_database_is_named_as_such(tmp_path):
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match=f"{tmp_path} is a directory. Point --db at a database file"):
+            Store(tmp_path, read_only=read_only)
+
+
 def test_read_only_on_missing_file_says_how_to_create_it(tmp_path):
     with pytest.raises(StoreError, match="mkb db init"):
         Store(tmp_path / "absent.duckdb", read_only=True)

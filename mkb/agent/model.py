@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -215,10 +216,12 @@ def _describe(exc: openai.APIStatusError) -> str:
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
+    """The Retry-After header in seconds; None when absent, or not a finite number >= 0 (never trusted blindly)."""
     try:
-        return float(exc.response.headers.get("retry-after", ""))
+        seconds = float(exc.response.headers.get("retry-after", ""))
     except (TypeError, ValueError):
         return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class ScriptedModel:

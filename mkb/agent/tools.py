@@ -107,7 +107,10 @@ class Toolbox:
         try:
             return getattr(self, f"_{name}")(**args)
         except (OSError, ValueError) as exc:
-            return ToolResult(f"error: {name} failed: {_error_text(exc, args)}", {"error": type(exc).__name__})
+            text = _error_text(exc, args)
+            root = getattr(self.executor, "root", None)  # never the host path of the workspace, whatever the error
+            text = text.replace(str(root), self.executor.workdir) if root is not None else text
+            return ToolResult(f"error: {name} failed: {text}", {"error": type(exc).__name__})
 
     def _bash(self, command: str, timeout_s: float | None = None) -> ToolResult:
         limit = min(timeout_s or self.budget.bash_timeout_s, self.budget.bash_timeout_s, self.clock.remaining_s())

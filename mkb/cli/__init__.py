@@ -72,6 +72,8 @@ def comma_separated(choices: list[str] | None = None):
 
 def require_writable(directory: Path, why: str, fix: str) -> None:
     """Fail in one line, before anything runs, when directory cannot be created or written."""
+    if directory.exists() and not directory.is_dir():
+        raise MkbError(f"{directory} is a file, and {why}. {fix}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=directory).close()

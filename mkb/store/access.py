@@ -29,6 +29,8 @@ def make_parent(path: Path) -> None:
 def explain(path: Path, read_only: bool, exc: Exception) -> str:
     """The one-line message for a DuckDB error met while opening path."""
     text = str(exc)
+    if path.is_dir():
+        return f"{path} is a directory. Point --db at a database file, e.g. {path / 'mkb.duckdb'}."
     if "lock" in text.lower():
         return f"{path} is in use by another mkb process. Wait for it to finish, or use another database with --db."
     if "Read-only file system" in text or "Permission denied" in text or not _writable(path, read_only):
