@@ -22,11 +22,11 @@ def _ro_prefix(ro: Path) -> list[str]:
     return ["bwrap", "--bind", "/", "/", "--ro-bind", str(ro), str(ro), "--dev", "/dev", "--proc", "/proc", "--"]
 
 
-@pytest.fixture
-def ro(tmp_path) -> Path:
-    """A directory that is read-only inside _ro_prefix's mount namespace; it holds a valid database."""
-    ro = tmp_path / "ro"
-    ro.mkdir()
+@pytest.fixture(scope="module")
+def ro(tmp_path_factory) -> Path:
+    """A directory that is read-only inside _ro_prefix's mount namespace; it holds a valid database (shared by
+    the tests: none of them may change it)."""
+    ro = tmp_path_factory.mktemp("ro")
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed (apt-get install bubblewrap): no read-only bind mount")
     probe = subprocess.run([*_ro_prefix(ro), "touch", str(ro / "probe")], capture_output=True, text=True)
