@@ -39,6 +39,10 @@ class Settings(BaseModel):
     """Start the next grading's judge processes ahead (torch imported, waiting) while one runs; 0: always cold."""
     judge_pin_cpus: bool = True
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
+    judge_tmpfs_mb: int = 4096
+    """Size of each of a grading's private tmpfs (the candidate's /tmp, the grading's /dev/shm), in MiB."""
+    judge_unsafe_no_sandbox: bool = False
+    """UNSAFE: when no OS sandbox can start, grade in plain processes that see the host (else infra_error)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
 

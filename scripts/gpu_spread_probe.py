@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from mkb.judge.cpus import parse_cpulist, read_sysfs  # noqa: E402
+from mkb.judge.referee.cpus import parse_cpulist, read_sysfs  # noqa: E402
 
 WARMUP, TIMED, SETS = 10, 50, 4
 SPIN = "import os\nr, w = os.pipe()\nos.set_blocking(r, False)\nwhile True:\n    try:\n        os.read(r, 1)\n    except BlockingIOError:\n        pass\n"
