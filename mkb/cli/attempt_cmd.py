@@ -100,6 +100,9 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     from mkb.trial import run_trial
 
     settings = settings_from(ctx, db=db, base_url=base_url)
+    from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+    prepare_host()
     info = resolve(problem, catalog_for(settings.problems_dir))
     try:
         extra = json.loads(extra_body) if extra_body else {}

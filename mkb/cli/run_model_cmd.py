@@ -96,6 +96,9 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     from mkb.store import Store
 
     settings = settings_from(ctx)
+    from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+    prepare_host()
     on_ray = executor == "ray"  # then the cluster's GPUs count, not this host's
     if device == "auto" and not on_ray:
         device = "cuda" if environment.gpus() else "cpu"

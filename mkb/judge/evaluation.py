@@ -65,6 +65,8 @@ class Evaluation:
             outcome = outcome or self._wait_verdict(timeout_s, now)
         finally:
             self._read_signals(0.0)
+            self.ended = {name: child.popen.poll() for name, child in self.children.items()}
+            """How each process had ended before the judge killed what was left (None: still running)."""
             self.launch.close()
         return self._verdict(outcome, timeout_s)
 
@@ -132,7 +134,7 @@ class Evaluation:
             return {"status": Status.INFRA_ERROR, "message": f"judge processes failed to start ({outcome}; "
                     f"processes: {details['processes']})"}, details, log_tail
         if verdict is None:
-            if candidate.popen.returncode not in (0, None):
+            if self.ended["candidate"] not in (0, None):  # it died on its own, not by the judge's final kill
                 return {"status": Status.CRASHED, "message": f"the candidate process {candidate.describe_exit()}"}, \
                     details, log_tail
             details["referee_log"] = referee.stderr.text()[-4000:]

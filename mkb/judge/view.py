@@ -59,7 +59,8 @@ class View:
                 shown.append(top)
         shown += [f"/etc/{name}" for name in ETC_FILES if os.path.exists(f"/etc/{name}")]
         for path in toolchain_paths():  # a venv inside the checkout is shown; the checkout itself never
-            covered = any(_within(path, Path(s)) for s in shown) and not any(_within(path, q) for q in private)
+            covered = any(_within(path, Path(s)) and not any(_within(path, q) and _within(q, Path(s)) and q != Path(s)
+                                                             for q in private) for s in shown)
             if path not in private and not covered:
                 shown.append(str(path))
         hidden = sorted({str(q) for q in private for s in shown if q != Path(s) and _within(q, Path(s)) and q.exists()})
