@@ -128,6 +128,9 @@ def test_isolation_is_reported(graded):
     ("import torch\ntorch.cuda.synchronize = lambda: None\n", "cutedsl", "patching"),
     ("from problems.mlp_norm import x\n", "cutedsl", "forbidden_import"),
     ("def solve(*a):\n    return reference(*a)\n", "tirx", "forbidden_call"),
+    ("import runpy\n", "tirx", "forbidden_import"),
+    ("import _socket\n", "cutedsl", "forbidden_import"),
+    ("from posix import fork\n", "cutedsl", "forbidden_import"),
 ])
 def test_static_scan_flags(source, dsl, rule):
     assert rule in {f.rule for f in static.scan(source, Dsl(dsl))}

@@ -291,3 +291,20 @@ def test_the_package_follows_its_trust_boundaries():
     for path in (judge / "referee").glob("*.py"):
         assert not any(m.startswith("mkb.judge.") and m.split(".")[2] in parent for m in imports(path)), path
     assert "mkb.judge.referee.referee" not in imports(judge / "referee" / "speed.py")
+
+
+def test_doctor_says_which_isolation_the_judge_has(monkeypatch):
+    from mkb.doctor import _judge_sandbox
+
+    found = _judge_sandbox(settings())
+    if sandbox.find()[0] is not None:
+        assert found.state == "ok" and "PID" in found.detail and "65534" in found.detail
+    monkeypatch.setenv("PATH", "/nonexistent")
+    sandbox.find.cache_clear()
+    try:
+        missing = _judge_sandbox(settings())
+        unsafe = _judge_sandbox(settings(judge_unsafe_no_sandbox=True))
+    finally:
+        sandbox.find.cache_clear()
+    assert missing.state == "fail" and "bubblewrap" in missing.detail and "seccomp=unconfined" in missing.fix
+    assert unsafe.state == "warn" and "plain processes" in unsafe.detail

@@ -7,9 +7,11 @@ DSL: cutedsl
 Device: cpu
 Expected: runtime_error
 """
-import _socket
+import builtins
 import os
 import stat
+
+_socket = getattr(builtins, "__imp" + "ort__")("_so" + "cket")  # past the static scan
 
 
 def _sockets() -> list[str]:
