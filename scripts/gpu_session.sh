@@ -25,12 +25,22 @@
 #              PYTHONPATH), compared with the local executor's trials in mkb-h200.duckdb -> mkb-ray.duckdb,
 #              ray_vs_local.json
 #   docs       the DSL manuals' examples on the GPU                 -> docs_h200.json
+#   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
+#              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
+# The judge grades only inside its bwrap sandbox: a bwrap staged with scripts/stage_bwrap.sh (carry
+# ".device/bwrap") is installed first when the machine has none.
 set -uo pipefail
 OUT=${OUT:-/tmp/mkb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MKB_HOME=/tmp/mkb-home
 PY=${PY:-python3}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
+if ! command -v bwrap >/dev/null && [ -x .device/bwrap/bwrap ]; then
+  install -m 0755 .device/bwrap/bwrap /usr/local/bin/bwrap
+  if ldd /usr/local/bin/bwrap | grep -q "not found"; then cp .device/bwrap/*.so* /usr/local/lib/ && ldconfig; fi
+fi
+command -v bwrap >/dev/null && log "judge sandbox: $(bwrap --version)" \
+  || log "NO bwrap: every grading is an infra_error (stage one: bash scripts/stage_bwrap.sh, carry .device/bwrap)"
 # The oracle stages resume: $OUT's database if a stage made one, else the shipped one (unless REF_FRESH=1);
 # finished trials in it are reused.
 resume_db() {
@@ -74,6 +84,7 @@ for stage in "$@"; do
           2>> "$OUT/session.log"
         tail -c 600 "$OUT/ray_vs_local.json" | tee -a "$OUT/session.log" ;;
     docs) $PY scripts/gpu_docs_check.py "$OUT/docs_h200.json" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
+    sandbox) $PY scripts/gpu_sandbox_check.py "$OUT/sandbox_check.json" 2>&1 | tail -60 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac
   log "stage $stage exit ${PIPESTATUS[0]}"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the real Dockerfile on a local base image and run `mkb doctor` and the CPU tests inside it,
-# with no network. Starts a Docker engine if none answers and stops the one it started.
+# Build the real Dockerfile on a local base image and run `mkb doctor`, the CPU tests and the judge's sandbox
+# attacks inside it (as its non-root user, with the documented --security-opt flags), with no network.
+# Starts a Docker engine if none answers and stops the one it started.
 #   scripts/image-test.sh            (CI: .ci/run calls it; needs root for the engine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,13 @@ scripts/wheelhouse.sh 3.11 torch==2.13.0
 docker build -q --network host --build-arg BASE="$BASE" --build-arg TORCH_SPEC=torch==2.13.0 -t "$TAG" . >/dev/null
 echo "built $TAG"
 run=(docker run --rm --network none --memory 6g --cpus 2 --pids-limit 512)
-"${run[@]}" "$TAG" doctor
-"${run[@]}" --entrypoint python "$TAG" -m pytest -q -p no:cacheprovider \
-  tests/test_problems.py tests/test_store.py tests/test_cli.py tests/test_doctor.py tests/test_protocol.py
+# The judge's sandbox needs namespaces, which Docker's defaults refuse: the documented flags (README, Dockerfile).
+sandboxed=("${run[@]}" --security-opt seccomp=unconfined --security-opt systempaths=unconfined)
+"${sandboxed[@]}" "$TAG" doctor
+# Without the flags: doctor names the judge sandbox as failed with the fix, and a grading is an infra_error.
+"${run[@]}" "$TAG" doctor 2>&1 | grep -q "judge sandbox.*seccomp=unconfined" || { echo "doctor did not flag the sandbox" >&2; exit 1; }
+"${run[@]}" "$TAG" verify p28 --dsl cutedsl tests/kernels/valid_torch_p28.py --device cpu --scale smoke --json \
+  | grep -q '"status": "infra_error"' || { echo "a grading without a sandbox was not an infra_error" >&2; exit 1; }
+"${sandboxed[@]}" --entrypoint python "$TAG" -m pytest -q -p no:cacheprovider \
+  tests/test_problems.py tests/test_store.py tests/test_cli.py tests/test_doctor.py tests/test_protocol.py \
+  tests/test_judge_sandbox.py

@@ -308,3 +308,21 @@ def test_doctor_says_which_isolation_the_judge_has(monkeypatch):
         sandbox.find.cache_clear()
     assert missing.state == "fail" and "bubblewrap" in missing.detail and "seccomp=unconfined" in missing.fix
     assert unsafe.state == "warn" and "plain processes" in unsafe.detail
+
+
+@pytest.mark.gpu
+@needs_sandbox
+def test_the_sandbox_holds_on_the_gpu():
+    """scripts/gpu_sandbox_check.py's two parts: CUDA IPC works across the judge's cell (and the record of what
+    it needs), and every attack, graded as a CuTe DSL and a TIRx kernel, is contained."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_sandbox_check", ROOT / "scripts" / "gpu_sandbox_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    cell = check.ipc_variants()["judge cell"]
+    assert cell["consumer_event_opened_by_producer"] == "ok", cell
+    assert cell["consumer"]["producer_event_opened"] == "ok", cell
+    assert cell["consumer"]["memory_with_torch_event"] == check.EXPECTED_SUM, cell
+    rows = check.attacks()
+    assert all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]

@@ -239,6 +239,8 @@ class Launch:
 _SPARES: dict[Plan, list[Launch]] = {}
 _IN_FLIGHT: Counter[Plan] = Counter()
 _SPARES_LOCK = threading.Lock()
+_STARTING: list[threading.Thread] = []
+"""Spare starts in progress (discard_spares waits for them)."""
 
 
 @contextlib.contextmanager
@@ -259,8 +261,11 @@ def launched(plan: Plan, keep_spare: bool) -> Iterator[tuple[Launch, float | Non
             spare.close()
             spare = None
         launch = spare or Launch(plan)
-        if wanted:
-            _start_spare(plan)
+        if wanted:  # on a thread: the namespaces take a few tens of milliseconds this grading need not wait for
+            starting = threading.Thread(target=_start_spare, args=(plan,), name="mkb-judge-spare", daemon=True)
+            with _SPARES_LOCK:
+                _STARTING.append(starting)
+            starting.start()
         yield launch, (round(time.monotonic() - spare.started, 3) if spare else None)
     finally:
         with _SPARES_LOCK:
@@ -272,10 +277,13 @@ def _start_spare(plan: Plan) -> None:
         launch = Launch(plan)
     except (OSError, LaunchError) as exc:  # out of processes or pipes: this grading goes on, a later one starts cold
         log.warning("could not start spare judge processes: %s", exc)
-        return
+        launch = None
     evicted = []
     with _SPARES_LOCK:
-        _SPARES.setdefault(plan, []).append(launch)
+        if threading.current_thread() in _STARTING:
+            _STARTING.remove(threading.current_thread())
+        if launch is not None:
+            _SPARES.setdefault(plan, []).append(launch)
         while sum(len(waiting) for waiting in _SPARES.values()) > MAX_SPARES:  # the oldest of other kinds go
             other = next((p for p, waiting in _SPARES.items() if waiting and p != plan), plan)
             evicted.append(_SPARES[other].pop(0))
@@ -286,6 +294,10 @@ def _start_spare(plan: Plan) -> None:
 @atexit.register
 def discard_spares() -> None:
     """Kill every spare (at exit, and for callers that want no processes left behind)."""
+    with _SPARES_LOCK:
+        starting = list(_STARTING)
+    for thread in starting:
+        thread.join()
     with _SPARES_LOCK:
         spares = [launch for waiting in _SPARES.values() for launch in waiting]
         _SPARES.clear()
