@@ -32,7 +32,7 @@ class Settings(BaseModel):
     judge_timeout_s: float = 600.0
     """Hard wall-clock limit for one judge child process."""
     judge_memory_mb: int = 32768
-    """Address-space limit of the judge child (host memory), in MiB."""
+    """Host memory the candidate's process tree may keep resident (its address-space limit too, on CPU), in MiB."""
     judge_output_limit_bytes: int = 1_000_000
     """Bytes of the candidate's stdout/stderr kept; the rest is discarded."""
     judge_spares: int = 1

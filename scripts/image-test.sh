@@ -19,9 +19,12 @@ run=(docker run --rm --network none --memory 6g --cpus 2 --pids-limit 512)
 sandboxed=("${run[@]}" --security-opt seccomp=unconfined --security-opt systempaths=unconfined)
 "${sandboxed[@]}" "$TAG" doctor
 # Without the flags: doctor names the judge sandbox as failed with the fix, and a grading is an infra_error.
-"${run[@]}" "$TAG" doctor 2>&1 | grep -q "judge sandbox.*seccomp=unconfined" || { echo "doctor did not flag the sandbox" >&2; exit 1; }
-"${run[@]}" "$TAG" verify p28 --dsl cutedsl tests/kernels/valid_torch_p28.py --device cpu --scale smoke --json \
-  | grep -q '"status": "infra_error"' || { echo "a grading without a sandbox was not an infra_error" >&2; exit 1; }
+doctor=$("${run[@]}" "$TAG" doctor --json 2>/dev/null || true)
+grep -q '"component": "judge sandbox", "state": "fail"' <<< "$doctor" || { echo "doctor did not fail the judge sandbox" >&2; exit 1; }
+graded=$("${run[@]}" "$TAG" verify p28 --dsl cutedsl tests/kernels/valid_torch_p28.py --device cpu --scale smoke --json \
+  2>/dev/null || true)
+grep -q '"status": "infra_error"' <<< "$graded" || { echo "a grading without a sandbox was not an infra_error" >&2; exit 1; }
+echo "without the flags: doctor fails the judge sandbox, a grading is an infra_error"
 "${sandboxed[@]}" --entrypoint python "$TAG" -m pytest -q -p no:cacheprovider \
   tests/test_problems.py tests/test_store.py tests/test_cli.py tests/test_doctor.py tests/test_protocol.py \
   tests/test_judge_sandbox.py
