@@ -7,7 +7,8 @@ directories named by CUDA_HOME/CUDA_PATH/LD_LIBRARY_PATH, the judge's harness mo
 kernel's (or problem's) folder. Never: the mkb checkout, the problems and solutions, MKB_HOME,
 the home directory; where one of them lies inside a directory shown, an empty tmpfs covers it.
 Writable: a private /tmp tmpfs, and the grading's /dev/shm. Devices: bwrap's minimal /dev, plus
-the GPU's nodes for GPU gradings (only the visible GPU's when its minor number can be found).
+the GPU's nodes for GPU gradings (only the visible GPU's when its minor number can be found), and
+the device parts of /sys.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "alternatives", "passwd", "group", "nsswitch.conf",
              "localtime", "os-release")
 """The files of /etc a harness may read (no secrets: no shadow, no keys, no tokens)."""
+SYS_PARTS = ("/sys/block", "/sys/bus", "/sys/class", "/sys/dev", "/sys/devices", "/sys/module")
+"""The parts of /sys a cell sees, read-only (the devices CUDA looks up; no firmware, kernel or cgroup trees)."""
 GPU_DIR = Path("/proc/driver/nvidia/gpus")
 HARNESS_ROOT, KERNEL_ROOT, PROBLEM_ROOT = "/judge", "/kernel", "/problem"
 """Where a cell sees the harness modules, the kernel's folder and the eager harness's problem folder."""
@@ -82,7 +85,9 @@ class View:
         args += ["--proc", "/proc", "--dev", "/dev"]
         for node in self.devices:
             args += ["--dev-bind", node, node]
-        args += ["--ro-bind-try", "/sys", "/sys", "--bind", "/dev/shm", "/dev/shm",
+        for part in SYS_PARTS:
+            args += ["--ro-bind-try", part, part]
+        args += ["--bind", "/dev/shm", "/dev/shm",
                  "--size", str(self.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
         for host, inside in self.placed:
             args += ["--ro-bind", host, inside]
