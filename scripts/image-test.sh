@@ -20,7 +20,8 @@ sandboxed=("${run[@]}" --security-opt seccomp=unconfined --security-opt systempa
 "${sandboxed[@]}" "$TAG" doctor
 # Without the flags: doctor names the judge sandbox as failed with the fix, and a grading is an infra_error.
 doctor=$("${run[@]}" "$TAG" doctor --json 2>/dev/null || true)
-grep -q '"component": "judge sandbox", "state": "fail"' <<< "$doctor" || { echo "doctor did not fail the judge sandbox" >&2; exit 1; }
+python3 -c 'import json, sys; rows = {r["component"]: r["state"] for r in json.load(sys.stdin)}
+sys.exit(rows.get("judge sandbox") != "fail")' <<< "$doctor" || { echo "doctor did not fail the judge sandbox" >&2; exit 1; }
 graded=$("${run[@]}" "$TAG" verify p28 --dsl cutedsl tests/kernels/valid_torch_p28.py --device cpu --scale smoke --json \
   2>/dev/null || true)
 grep -q '"status": "infra_error"' <<< "$graded" || { echo "a grading without a sandbox was not an infra_error" >&2; exit 1; }

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mkb.judge import grade, static
+from mkb.judge import grade, sandbox, static
 from mkb.judge.referee.policy import origin
 from mkb.problems import catalog_for, resolve
 from mkb.records import Check, Dsl, Status
@@ -34,10 +34,13 @@ def fixture_facts(path: Path) -> dict:
 
 
 FIXTURES = sorted(KERNELS.glob("*.py"))
+needs_sandbox = pytest.mark.skipif(sandbox.find()[0] is None, reason=f"no judge sandbox here: {sandbox.find()[1]} "
+                                   "(every grading would be an infra_error)")
 
 
 def _param(path: Path):
     marks = [pytest.mark.gpu] if fixture_facts(path)["device"] == "gpu" else []
+    marks.append(needs_sandbox)
     return pytest.param(path, id=path.stem, marks=marks)
 
 
@@ -84,6 +87,7 @@ def test_every_fixture_documents_its_hack():
         assert fixture_facts(path)["hack"], path
 
 
+@needs_sandbox
 def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     record = graded("valid_tirx_p28")
     assert record.status == Status.PASSED and record.dsl_check == Check.PASSED
@@ -95,6 +99,7 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     assert len(record.details["solve_step_s"]) == 5
 
 
+@needs_sandbox
 def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
     record = graded("huge_output")
     assert record.status == Status.PASSED and record.message == "passed"
@@ -102,12 +107,14 @@ def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
     assert record.wall_s < 120
 
 
+@needs_sandbox
 def test_a_crash_does_not_poison_the_next_evaluation(graded):
     assert graded("crash_segfault").status == Status.CRASHED
     assert "SIGSEGV" in graded("crash_segfault").message
     assert graded("valid_torch_p28").status == Status.PASSED
 
 
+@needs_sandbox
 def test_isolation_is_reported(graded):
     isolation = graded("no_solve").details["isolation"]
     assert isolation["network"].startswith("none (own network namespace)")
@@ -151,6 +158,7 @@ def test_kernels_are_attributed_by_built_symbols_not_names():
     assert origin("triton_poi_fused_0", built) == "triton"
 
 
+@needs_sandbox
 def test_verify_cli_json_and_exit_codes(tmp_path):
     from mkb.cli import main
 
@@ -354,6 +362,7 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     assert row["gpu"] == "NVIDIA H200" and row["environment"] == {"driver": "580.159.04"}
 
 
+@needs_sandbox
 def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     """A grading starts the next one's processes ahead; a different kind of grading does not take them."""
     import os
@@ -387,6 +396,7 @@ def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     assert not any(processes._SPARES.values()) and not any(processes._IN_FLIGHT.values())
 
 
+@needs_sandbox
 def test_a_spare_that_is_never_used_exits_on_its_own():
     """The judge's end of a spare's spec pipe closing (discarded, or the judge died) ends the spare."""
     import time
@@ -442,6 +452,7 @@ def test_the_profiler_warm_up_imports_nothing_heavy():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@needs_sandbox
 def test_concurrent_graders_of_one_kind_keep_a_spare_each(catalog):
     from concurrent.futures import ThreadPoolExecutor
 
