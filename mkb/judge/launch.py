@@ -38,8 +38,8 @@ STARTUP_S = 180.0
 """Time the judge processes get to start (import torch, initialise CUDA) before the timeout clock runs."""
 MAX_SPARES = 16
 """Spare Launches kept at most, over all kinds (a protocol run has one kind per GPU)."""
-MAX_PROCESSES = 64
-"""Processes a candidate's tree may hold at once (a DSL's compiler runs a few)."""
+MAX_PROCESSES, MAX_THREADS = 64, 4096
+"""Processes (a DSL's compiler runs a few) and threads (torch's pools: a few per core) a candidate's tree may hold."""
 JAIL_START_S = 60.0
 HARNESS_DIR = Path(__file__).resolve().parent / "candidate"
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -183,7 +183,8 @@ class Launch:
         limits = processes.Limits(
             memory_mb=plan.memory_mb if candidate else None, address_space=plan.device == "cpu",
             cpu_s=int(plan.timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
-            file_bytes=(1 << 30) if candidate else None, max_processes=MAX_PROCESSES if candidate else None)
+            file_bytes=(1 << 30) if candidate else None, max_processes=MAX_PROCESSES if candidate else None,
+            max_threads=MAX_THREADS if candidate else None)
         self._start(name, [*argv, str(self._go_child[name]), self.id], env, fds, limits, isolation=isolation)
 
     def _start(self, name: str, argv: list[str], env: dict, fds: tuple[int, ...], limits: processes.Limits,

@@ -9,7 +9,7 @@ bwrap's --die-with-parent rests on the same mechanism.
 
 The candidate's limits: CPU time and file size (rlimits), memory (RLIMIT_AS on CPU; always a
 watchdog summing the resident memory of its whole process tree, since CUDA reserves far more
-address space than it uses), and the number of processes in its tree.
+address space than it uses), and the number of processes and threads in its tree.
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ class Limits:
     """Largest file the process may write (RLIMIT_FSIZE)."""
     max_processes: int | None = None
     """Processes the tree may hold at once (watchdog)."""
+    max_threads: int | None = None
+    """Threads (tasks) the tree may hold at once (watchdog): each takes a pid of the host's."""
 
 
 class Tail:
@@ -102,6 +104,8 @@ class Child:
         tree = descendants(self.pid)
         if self.limits.max_processes and len(tree) > self.limits.max_processes:
             return f"started more than {self.limits.max_processes} processes"
+        if self.limits.max_threads and sum(tree.values()) > self.limits.max_threads:
+            return f"started more than {self.limits.max_threads} threads"
         if self.limits.memory_mb and sum(rss_mb(p) for p in tree) > self.limits.memory_mb:
             return f"exceeded the {self.limits.memory_mb} MiB memory limit"
         return None
@@ -119,17 +123,18 @@ class Child:
         return f"exited with code {code}"
 
 
-def descendants(pid: int) -> list[int]:
-    """pid and every process below it (from /proc/<pid>/task/<tid>/children; orphans in a PID namespace
-    are adopted by its init, so the tree from the sandbox's monitor holds the whole namespace)."""
-    found, todo = [], [pid]
+def descendants(pid: int) -> dict[int, int]:
+    """pid and every process below it, each with its number of threads (from /proc/<pid>/task/<tid>/children;
+    orphans in a PID namespace are adopted by its init, so the tree from the sandbox's monitor holds the
+    whole namespace)."""
+    found, todo = {}, [pid]
     while todo:
         p = todo.pop()
-        found.append(p)
         try:
             tasks = os.listdir(f"/proc/{p}/task")
         except OSError:
             continue
+        found[p] = len(tasks)
         for task in tasks:
             try:
                 with open(f"/proc/{p}/task/{task}/children") as fh:
@@ -207,6 +212,7 @@ def start(name: str, argv: list[str], *, env: dict, cwd: str, limits: Limits, pa
         memory = f"{limits.memory_mb} MiB: process-tree RSS watchdog" + (" and RLIMIT_AS" if limits.address_space else "")
     facts = {"session": "own session, process group killed at the end, SIGKILL when the judge dies",
              "memory": memory, "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes,
-             "max_processes": limits.max_processes, "output_bytes_kept": output_limit, **isolation}
+             "max_processes": limits.max_processes, "max_threads": limits.max_threads,
+             "output_bytes_kept": output_limit, **isolation}
     return Child(name, popen, Tail(popen.stdout, output_limit), Tail(popen.stderr, output_limit), limits, facts,
                  sandboxed)
