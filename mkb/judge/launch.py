@@ -177,7 +177,8 @@ class Launch:
             env.update(HOME="/tmp", TMPDIR="/tmp")
             if view.pythonpath:
                 env["PYTHONPATH"] = os.pathsep.join(view.pythonpath)
-            argv = [*self.sandbox.cell_argv(jail_pid, view), sys.executable, f"{HARNESS_ROOT}/child.py"]
+            argv = [*self.sandbox.cell_argv(jail_pid, view, as_pid_1=not candidate), sys.executable,
+                    f"{HARNESS_ROOT}/child.py"]
             isolation = {**self.sandbox.describe(plan.tmpfs_mb), "network": "none (own network namespace)",
                          "devices": ", ".join(view.devices) or "no GPU nodes"}
         limits = processes.Limits(

@@ -57,15 +57,23 @@ class Sandbox:
         return [self.bwrap, "--die-with-parent", *(["--unshare-user"] if self.userns else []),
                 "--dev-bind", "/", "/", "--size", str(shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm", "--"]
 
-    def cell_argv(self, jail_pid: int, view: View) -> list[str]:
-        """The prefix that starts a command in a cell of the grading whose namespace jail_pid holds."""
+    def cell_argv(self, jail_pid: int, view: View, as_pid_1: bool = False) -> list[str]:
+        """The prefix that starts a command in a cell of the grading whose namespace jail_pid holds.
+
+        as_pid_1 makes the command its PID namespace's first process (no bwrap init above it). The eager
+        harness runs so, the candidate under bwrap's init (pid 2): no two processes that share the grading's
+        /dev/shm then have the same pid (CUDA names IPC state after processes; ROCm's IPC events were
+        seen to collide across PID namespaces that shared /dev/shm). A candidate as pid 1 could not even
+        crash itself with a signal.
+        """
         enter = [self.nsenter, "--target", str(jail_pid), "--mount"]
         if self.userns:
             enter += ["--user", "--preserve-credentials"]
         user = ["--unshare-user", "--uid", str(CELL_UID), "--gid", str(CELL_UID)] if self.userns else []
         if self.userns and self.disable_userns:
             user.append("--disable-userns")
-        return [*enter, "--", self.bwrap, "--die-with-parent", *user, "--unshare-pid", "--unshare-net",
+        return [*enter, "--", self.bwrap, "--die-with-parent", *user, "--unshare-pid",
+                *(["--as-pid-1"] if as_pid_1 else []), "--unshare-net",
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "mkb-judge",
                 "--cap-drop", "ALL", *view.bwrap_args(), "--"]
 
