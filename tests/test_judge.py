@@ -292,7 +292,7 @@ def _supervised(states: dict[str, tuple[str, bool]]):
     from mkb.judge.evaluation import Evaluation
 
     evaluation = Evaluation.__new__(Evaluation)
-    evaluation.children = {}
+    evaluation.children, evaluation.closed = {}, set()
     evaluation.launch = SimpleNamespace(ready={}, signals={})
     for name, (code, ready) in states.items():
         popen = subprocess.Popen([sys.executable, "-c", code])

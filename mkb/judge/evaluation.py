@@ -38,6 +38,8 @@ class Evaluation:
         plan = launch.plan
         self.launch, self.device, self.start_s = launch, plan.device, None
         self.children = launch.children
+        self.closed: set[str] = set()
+        """Children whose readiness pipe reached end-of-file."""
         shutil.copyfile(kernel, launch.stage["candidate"] / "kernel.py")
         problem_file = Path(problem.path)
         shutil.copyfile(problem_file, launch.stage["eager"] / problem_file.name)
@@ -70,16 +72,17 @@ class Evaluation:
             self.launch.close()
         return self._verdict(outcome, timeout_s)
 
-    def _read_signals(self, wait_s: float) -> list[str]:
-        """Read what the children wrote on their readiness pipes; the names of those that wrote."""
-        fds = {fd: name for name, fd in self.launch.ready.items()}
-        readable = select.select(list(fds), [], [], wait_s)[0] if fds else []
-        for fd in readable:
+    def _read_signals(self, wait_s: float) -> None:
+        """Read what the children wrote on their readiness pipes (waiting up to wait_s for something new)."""
+        fds = {fd: name for name, fd in self.launch.ready.items() if name not in self.closed}
+        for fd in select.select(list(fds), [], [], wait_s)[0]:  # with no fds left: a plain wait
             try:
-                self.launch.signals[fds[fd]] += os.read(fd, 64)
+                data = os.read(fd, 64)
             except OSError:
-                pass
-        return [fds[fd] for fd in readable]
+                data = b""
+            self.launch.signals[fds[fd]] += data
+            if not data:  # the child closed its end (or died): nothing more will come
+                self.closed.add(fds[fd])
 
     def _wait_ready(self, now) -> str | None:
         """None once every process is ready, or once the referee has finished: a fast verdict (an import
