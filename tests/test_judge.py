@@ -33,7 +33,8 @@ def fixture_facts(path: Path) -> dict:
             "hack": doc.splitlines()[0]}
 
 
-FIXTURES = sorted(KERNELS.glob("*.py"))
+FIXTURES = sorted(p for p in KERNELS.glob("*.py") if not p.name.startswith("attack_"))
+"""The attack fixtures need the sandbox's small test limits: tests/test_judge_sandbox.py grades them."""
 needs_sandbox = pytest.mark.skipif(sandbox.find()[0] is None, reason=f"no judge sandbox here: {sandbox.find()[1]} "
                                    "(every grading would be an infra_error)")
 
@@ -83,7 +84,7 @@ def test_fixture_gets_expected_status(path, graded):
 
 def test_every_fixture_documents_its_hack():
     assert len([p for p in FIXTURES if fixture_facts(p)["expected"] != Status.PASSED]) >= 12
-    for path in FIXTURES:
+    for path in sorted(KERNELS.glob("*.py")):
         assert fixture_facts(path)["hack"], path
 
 
