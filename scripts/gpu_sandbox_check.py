@@ -134,6 +134,7 @@ def _jail_pid(bwrap_pid: int) -> int:
 
 
 def attacks() -> list[dict]:
+    from test_judge import fixture_facts
     from test_judge_sandbox import ATTACKS, CANARIES, SOLUTION_TEXT, judge_processes
 
     from mkb.judge import grade
@@ -143,8 +144,9 @@ def attacks() -> list[dict]:
 
     os.environ.update(CANARIES)
     catalog, rows = catalog_for(ROOT / "problems"), []
-    settings = load_settings(judge_spares=0, judge_tmpfs_mb=256)
     for path in ATTACKS:
+        memory_mb = fixture_facts(path)["memory_mb"]
+        settings = load_settings(judge_spares=0, **({"judge_memory_mb": memory_mb} if memory_mb else {}))
         for dsl in ("cutedsl", "tirx"):
             started = time.monotonic()
             record = grade(resolve("p28", catalog), path, dsl, device="cuda", scale="smoke", settings=settings,

@@ -30,6 +30,7 @@ def fixture_facts(path: Path) -> dict:
     facts = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines()[1:]) if v}
     return {"problem": facts["problem"], "dsl": facts["dsl"], "device": facts["device"],
             "expected": Status(facts["expected"]), "timeout": float(facts.get("timeout", 120)),
+            "memory_mb": int(facts["memory"]) if "memory" in facts else None,
             "hack": doc.splitlines()[0]}
 
 

@@ -77,7 +77,7 @@ def canaries(monkeypatch):
 
 
 def settings(**overrides):
-    return load_settings(**{"judge_spares": 0, "judge_tmpfs_mb": 256, "judge_memory_mb": 4096, **overrides})
+    return load_settings(**{"judge_spares": 0, "judge_memory_mb": 4096, **overrides})
 
 
 @pytest.fixture
@@ -113,7 +113,7 @@ def unix_listener():
 def test_an_attack_reads_nothing_and_leaves_nothing(path, catalog, canaries, unix_listener):
     facts = fixture_facts(path)
     record = grade(resolve(facts["problem"], catalog), path, facts["dsl"], device="cpu", scale="smoke",
-                   settings=settings(), timeout_s=120)
+                   settings=settings(judge_memory_mb=facts["memory_mb"] or 4096), timeout_s=120)
     assert record.status == facts["expected"], f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
     text = record.model_dump_json()
     for secret in (*canaries.values(), *canaries.keys(), SOLUTION_TEXT, PROBLEM_TEXT):

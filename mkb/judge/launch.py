@@ -81,6 +81,11 @@ class Plan:
                    hashlib.sha256(env).hexdigest())
 
     @property
+    def tmpfs_bytes(self) -> int:
+        """Size of each of the grading's tmpfs mounts: the setting, never above the memory limit."""
+        return min(self.tmpfs_mb, self.memory_mb) << 20
+
+    @property
     def names(self) -> list[str]:
         return ["referee", "candidate"] + (["eager"] if self.timed else [])
 
@@ -132,7 +137,7 @@ class Launch:
             fds += [to_child[1], from_child[0]]
         argv = [sys.executable, "-c", REFEREE, str(self._go_child["referee"]), self.id, str(jail_w)]
         if self.sandbox is not None:
-            argv = self.sandbox.jail_argv(self.plan.tmpfs_mb << 20) + argv
+            argv = self.sandbox.jail_argv(self.plan.tmpfs_bytes) + argv
         env = credentials.judge_environment(environment(), trusted=True)
         env["PYTHONPATH"] = str(CHECKOUT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
@@ -173,13 +178,13 @@ class Launch:
             view = View.for_harness(harness_dir=str(HARNESS_DIR), stage=str(self.stage[name]),
                                     stage_root=KERNEL_ROOT if candidate else PROBLEM_ROOT,
                                     gpu=plan.device == "cuda", visible_devices=plan.visible_devices,
-                                    tmp_bytes=plan.tmpfs_mb << 20, private=tuple(Path(p) for p in plan.private))
+                                    tmp_bytes=plan.tmpfs_bytes, private=tuple(Path(p) for p in plan.private))
             env.update(HOME="/tmp", TMPDIR="/tmp")
             if view.pythonpath:
                 env["PYTHONPATH"] = os.pathsep.join(view.pythonpath)
             argv = [*self.sandbox.cell_argv(jail_pid, view, as_pid_1=not candidate), sys.executable,
                     f"{HARNESS_ROOT}/child.py"]
-            isolation = {**self.sandbox.describe(plan.tmpfs_mb), "network": "none (own network namespace)",
+            isolation = {**self.sandbox.describe(plan.tmpfs_bytes >> 20), "network": "none (own network namespace)",
                          "devices": ", ".join(view.devices) or "no GPU nodes"}
         limits = processes.Limits(
             memory_mb=plan.memory_mb if candidate else None, address_space=plan.device == "cpu",

@@ -8,8 +8,9 @@ the judge's process (the spawner) and die with that process, however it ends (SI
 bwrap's --die-with-parent rests on the same mechanism.
 
 The candidate's limits: CPU time and file size (rlimits), memory (RLIMIT_AS on CPU; always a
-watchdog summing the resident memory of its whole process tree, since CUDA reserves far more
-address space than it uses), and the number of processes and threads in its tree.
+watchdog summing the resident memory of its whole process tree and the files in its sandbox's tmpfs
+mounts, since CUDA reserves far more address space than it uses and files in RAM are in no RSS), and
+the number of processes and threads in its tree.
 """
 
 from __future__ import annotations
@@ -106,9 +107,19 @@ class Child:
             return f"started more than {self.limits.max_processes} processes"
         if self.limits.max_threads and sum(tree.values()) > self.limits.max_threads:
             return f"started more than {self.limits.max_threads} threads"
-        if self.limits.memory_mb and sum(rss_mb(p) for p in tree) > self.limits.memory_mb:
-            return f"exceeded the {self.limits.memory_mb} MiB memory limit"
+        if self.limits.memory_mb and sum(rss_mb(p) for p in tree) + self.tmpfs_mb(tree) > self.limits.memory_mb:
+            return f"exceeded the {self.limits.memory_mb} MiB memory limit (resident memory and files in its tmpfs)"
         return None
+
+    def tmpfs_mb(self, tree: dict[int, int]) -> float:
+        """MiB of files in the cell's /tmp and the grading's /dev/shm (RAM that RSS does not show); 0 unsandboxed.
+
+        Seen through /proc/<pid>/root: the sandbox's monitor (this child) lives in the grading's namespace,
+        its only child (the cell's first process) in the cell's."""
+        cell = next((p for p in tree if p != self.pid), None)
+        if not self.sandboxed or cell is None:
+            return 0.0
+        return (_used_bytes(f"/proc/{cell}/root/tmp") + _used_bytes(f"/proc/{self.pid}/root/dev/shm")) / 2**20
 
     def describe_exit(self) -> str:
         code = self.popen.returncode
@@ -142,6 +153,14 @@ def descendants(pid: int) -> dict[int, int]:
             except (OSError, ValueError):
                 continue
     return found
+
+
+def _used_bytes(path: str) -> int:
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return 0
+    return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
 
 
 def rss_mb(pid: int) -> float:
@@ -209,7 +228,8 @@ def start(name: str, argv: list[str], *, env: dict, cwd: str, limits: Limits, pa
         pass_fds=pass_fds, start_new_session=True, preexec_fn=lambda: _prepare_child(limits, parent)))
     memory = "none"
     if limits.memory_mb:
-        memory = f"{limits.memory_mb} MiB: process-tree RSS watchdog" + (" and RLIMIT_AS" if limits.address_space else "")
+        memory = (f"{limits.memory_mb} MiB: watchdog of the process tree's RSS and its tmpfs files"
+                  + (" and RLIMIT_AS" if limits.address_space else ""))
     facts = {"session": "own session, process group killed at the end, SIGKILL when the judge dies",
              "memory": memory, "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes,
              "max_processes": limits.max_processes, "max_threads": limits.max_threads,

@@ -1,32 +1,38 @@
-"""Hostile: stores 1.5 GiB in files on /dev/shm and in $TMPDIR (RAM-backed, and not counted by RLIMIT_AS), past the memory limit, and answers correctly if it could.
+"""Hostile: keeps 3 GiB in files on /dev/shm and in $TMPDIR (RAM-backed, and not counted by RLIMIT_AS or in any process's RSS), past a 2 GiB memory limit, holds them a while, then answers correctly.
 
-In the sandbox both are private tmpfs mounts capped at judge_tmpfs_mb: the writes fail and solve() raises.
+The grading's tmpfs mounts are capped at the memory limit, and the watchdog counts their files
+with the candidate's resident memory: it kills the candidate.
 
 Problem: p28
 DSL: cutedsl
 Device: cpu
-Expected: runtime_error
+Expected: crashed
+Memory: 2048
 """
 import os
 import tempfile
+import time
 
 import torch
 
-CHUNK, TOTAL = 64 << 20, 3 << 29
+CHUNK, EACH = 64 << 20, 3 << 29
 
 
-def _hoard(place: str) -> int:
-    written, block = 0, b"\1" * CHUNK
-    while written < TOTAL:
-        with open(os.path.join(place, f"mkb-attack-hoard-{written // CHUNK}"), "wb") as fh:
-            fh.write(block)
-        written += CHUNK
-    return written
+def _hoard(place: str) -> None:
+    block, written = b"\1" * CHUNK, 0
+    try:
+        while written < EACH:
+            with open(os.path.join(place, f"mkb-attack-hoard-{written // CHUNK}"), "wb") as fh:
+                fh.write(block)
+            written += CHUNK
+    except OSError:  # the mount is full: keep what fits
+        pass
 
 
 def solve(x, residual, weight):
     for place in ("/dev/shm", tempfile.gettempdir()):
         _hoard(place)
+    time.sleep(10)
     s = x.float() + residual.float()
     out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
     return out.to(x.dtype), s.to(x.dtype)
