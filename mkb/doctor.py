@@ -96,7 +96,7 @@ def _judge_sandbox(settings: Settings) -> Finding:
 
     found, why = sandbox.find()
     if found is not None:
-        facts = found.describe(settings.judge_tmpfs_mb)
+        facts = found.describe(min(settings.judge_tmpfs_mb, settings.judge_memory_mb))
         return Finding("judge sandbox", "ok", f"{facts['sandbox']}; {facts['namespaces']} namespaces; "
                                              f"candidate uid {facts['uid']}")
     if settings.judge_unsafe_no_sandbox:
