@@ -31,6 +31,7 @@ def fixture_facts(path: Path) -> dict:
     return {"problem": facts["problem"], "dsl": facts["dsl"], "device": facts["device"],
             "expected": Status(facts["expected"]), "timeout": float(facts.get("timeout", 120)),
             "memory_mb": int(facts["memory"]) if "memory" in facts else None,
+            "also": {Status(x.strip()) for x in facts.get("also", "").split(",") if x.strip()},
             "hack": doc.splitlines()[0]}
 
 

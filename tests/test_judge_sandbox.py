@@ -114,7 +114,8 @@ def test_an_attack_reads_nothing_and_leaves_nothing(path, catalog, canaries, uni
     facts = fixture_facts(path)
     record = grade(resolve(facts["problem"], catalog), path, facts["dsl"], device="cpu", scale="smoke",
                    settings=settings(judge_memory_mb=facts["memory_mb"] or 4096), timeout_s=120)
-    assert record.status == facts["expected"], f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
+    assert record.status in {facts["expected"], *facts["also"]}, \
+        f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
     text = record.model_dump_json()
     for secret in (*canaries.values(), *canaries.keys(), SOLUTION_TEXT, PROBLEM_TEXT):
         assert secret not in text, f"{path.stem} read {secret!r}"
