@@ -43,13 +43,17 @@ class Settings(BaseModel):
     judge_timeout_s: float = 600.0
     """Hard wall-clock limit for one judge child process."""
     judge_memory_mb: int = 32768
-    """Address-space limit of the judge child (host memory), in MiB."""
+    """Host memory the candidate may use: its processes' RSS plus its tmpfs files (and RLIMIT_AS on CPU), in MiB."""
     judge_output_limit_bytes: int = 1_000_000
     """Bytes of the candidate's stdout/stderr kept; the rest is discarded."""
     judge_spares: int = 1
     """Start the next grading's judge processes ahead (torch imported, waiting) while one runs; 0: always cold."""
     judge_pin_cpus: bool = True
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
+    judge_tmpfs_mb: int = 4096
+    """Size of each of a grading's tmpfs (the candidate's /tmp, the grading's /dev/shm), MiB; at most judge_memory_mb."""
+    judge_unsafe_no_sandbox: bool = False
+    """UNSAFE: when no OS sandbox can start, grade in plain processes that see the host (else infra_error)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
     unsafe_sandbox: bool = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,7 +88,8 @@ class Toolbox:
         self.on_submission = on_submission or (lambda s: None)
         self.submissions: list[Submission] = []
         self.finished = False
-        self._staging = tempfile.TemporaryDirectory(prefix="mkb-submissions-")
+        # named after this process: a run killed with kill -9 leaves it to the next run's sweep (mkb.judge.leftovers)
+        self._staging = tempfile.TemporaryDirectory(prefix=f"mkb-submissions-{os.getpid()}-")
 
     @property
     def submissions_left(self) -> int:
@@ -213,7 +215,7 @@ def summarize(submission: Submission) -> str:
     if r.message:
         lines.append(f"message: {r.message}")
     if r.status == Status.INFRA_ERROR:
-        lines.append("the grading infrastructure failed: this submission is not counted against your budget")
+        lines.append("the grader failed before your kernel ran: this submission is not counted against your budget")
     elif r.status != Status.PASSED and r.log_tail.strip():
         lines.append(f"log tail:\n{r.log_tail.strip()[-1500:]}")
     return "\n".join(lines)

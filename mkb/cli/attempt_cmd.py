@@ -78,6 +78,9 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     from mkb.store import Store
 
     settings = settings_from(ctx, db=db, base_url=base_url, device=device, sandbox=sandbox, image=image)
+    from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+    prepare_host()
     info = resolve(problem, catalog_for(settings.problems_dir))
     try:
         extra = json.loads(extra_body) if extra_body else {}

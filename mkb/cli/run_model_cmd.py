@@ -91,6 +91,9 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     from mkb.store import Store
 
     settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image)
+    from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+    prepare_host()
     request = protocol.RunRequest(
         model=model, problems=[x for p in problems for x in p.split(",") if x] or None, families=list(families) or None,
         arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,
