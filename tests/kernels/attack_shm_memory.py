@@ -35,4 +35,4 @@ def solve(x, residual, weight):
     time.sleep(10)
     s = x.float() + residual.float()
     out = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-5) * weight.float()
-    return out.to(x.dtype), s.to(x.dtype)
+    return out.to(x.dtype)

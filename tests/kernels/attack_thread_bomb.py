@@ -19,4 +19,4 @@ def solve(x, residual, weight):
     for _ in range(10000):
         threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
     time.sleep(600)
-    return x, residual
+    return x

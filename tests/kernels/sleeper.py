@@ -11,4 +11,4 @@ import time
 
 def solve(x, residual, weight):
     time.sleep(3600)
-    return x, residual
+    return x
