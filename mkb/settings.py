@@ -52,6 +52,18 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
+    dsl_policy: Literal["paper"] = "paper"
+    """DSL-use rule the instruction states and the judge applies: paper (the DSL must run and matter; eager may do the rest)."""
+    clock: Literal["paper", "agent"] = "paper"
+    """Budget clock: paper (all time counts, judge queue and grading included) or agent (GPU queue and provider backoff paused)."""
+    context_full: Literal["summarize", "end"] = "summarize"
+    """When the context is full: summarize (hand the attempt over to a summary and go on, as the paper's agent) or end it."""
+    manual_examples: bool = True
+    """Give agents the manuals' worked example kernels (docs/<dsl>/examples/); false leaves them out."""
+    sandbox_cpus: float = 2.0
+    """CPUs of an attempt's sandbox, as the instruction states them (the paper's 2)."""
+    sandbox_memory_mb: int = 8192
+    """Memory of an attempt's sandbox in MiB, as the instruction states it (the paper's 8 GB)."""
 
     @property
     def db_path(self) -> Path:

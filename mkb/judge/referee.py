@@ -243,10 +243,11 @@ class Referee:
         return seed, inputs, ref, anchor, pristine
 
     def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
-        """Five draws on fresh inputs (the first one already made); stops at the first failure."""
+        """Five draws on fresh inputs (the first one already made); stops at the first error, but runs every draw
+        after a wrong answer so that the report can say how many of the five were correct (as the original)."""
         self.phase = "correctness"
         self.details["dsl_calls"] = []
-        out_digests, ref_digests, first = [], [], None
+        out_digests, ref_digests, first, wrong = [], [], None, None
         for d in range(N_DRAWS):
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve", each="solve_step_s"):
@@ -266,12 +267,15 @@ class Referee:
             if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
                 raise Failure(Status.INCORRECT, stale)
             if not draw.ok:
-                raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
+                wrong = wrong or checks.first_failure(draw, d)
+                continue
             with self.step("input guard"):
                 self.guard_inputs(reply, inputs, tree, pristine, d)
             if d == 0:
                 first = (out, tree)
                 self.like = _map(ref, lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        if wrong is not None:
+            raise Failure(Status.INCORRECT, wrong)
         return first
 
     def judge_reply(self, reply: dict, ref: Any, slot_tree: dict, slots: Any, d: int) -> Any:
