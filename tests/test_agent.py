@@ -3,105 +3,25 @@ real sandboxed workspace, and a small grade function standing in for the judge."
 
 from __future__ import annotations
 
-import copy
 import json
 import threading
 from pathlib import Path
 
 import jinja2
 import pytest
+from attempt_kit import (EXPECTED_SANDBOX, FINISH, GOOD_KERNEL, P28, PROBLEMS, SKILL, FakeClock, FakeJudge,
+                         run, tool_results)
 from scripted_server import Hold, call, error, reply
 
 from mkb.agent import (TOOL_NAMES, Budget, ChatModel, Gpu, LocalExecutor, ScriptedModel, parse_model_spec,
                        prepare_workspace, run_attempt, template_hashes, templates_sha256)
 from mkb.agent import prompts
 from mkb.agent.conditions import Conditions
-from mkb.agent.executor import bwrap_problem
 from mkb.agent.tools import Submission, summarize
 from mkb.errors import ConfigError
-from mkb.problems import catalog_for, resolve
 from mkb.records import Dsl, JudgeRecord, Status
 
-EXPECTED_SANDBOX = "subprocess" if bwrap_problem() else "bwrap"
-"""The local executor's isolation here: bwrap where it works (CI installs it), else its loud fallback."""
-
-REPO = Path(__file__).resolve().parent.parent
-PROBLEMS = REPO / "problems"
-P28 = resolve("p28", catalog_for(PROBLEMS))
-GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x\n"
-SKILL = "Memory-bound row reduction: one pass over each row, keep the sum of squares in fp32.\n"
-FINISH = [reply(calls=[call("finish", {})]), reply("Confirmed.", calls=[call("finish", {})])]
-"""finish, then its confirmation: the attempt ends on the second."""
-
-
-class FakeJudge:
-    """grade(kernel_path) for tests: empty -> import_error, 'WRONG' -> incorrect, else passed at 2x."""
-
-    def __init__(self, queue_s: float = 0.0, infra_first: bool = False, on_grade=None):
-        self.sources: list[str] = []
-        self.queue_s, self.infra_first, self.on_grade = queue_s, infra_first, on_grade
-
-    def __call__(self, kernel_path: str) -> JudgeRecord:
-        source = Path(kernel_path).read_text()
-        self.sources.append(source)
-        if self.on_grade:
-            self.on_grade()
-        base = {"problem": "p28", "dsl": "cutedsl", "device": "cuda", "details": {"queue_s": self.queue_s}}
-        if self.infra_first and len(self.sources) == 1:
-            return JudgeRecord(status=Status.INFRA_ERROR, message="GPU lost", **base)
-        if "def solve" not in source:
-            return JudgeRecord(status=Status.IMPORT_ERROR, message="kernel.py defines no solve()", **base)
-        if "WRONG" in source:
-            return JudgeRecord(status=Status.INCORRECT, message="out[0]: max error 0.5 > allowance 0.01", **base)
-        return JudgeRecord(status=Status.PASSED, kernel_ms=0.5, eager_ms=1.0, speedup=2.0, **base)
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def after(self, seconds: float, step: dict):
-        """A server step that advances this clock before answering."""
-        def play(body):
-            self.t += seconds
-            return step
-        return play
-
-
-@pytest.fixture
-def run(llm_server, tmp_path, monkeypatch):
-    """run(steps, budget=..., **kw) -> (result, transcript, sleeps, judge): one attempt at p28/cutedsl."""
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-must-not-leak")
-
-    def go(steps, budget=Budget(), judge=None, now=None, config=None, cancel=None, skill_text=None,
-           conditions=Conditions()):
-        llm_server.script(steps)
-        config = config or parse_model_spec("openai/gpt-x", llm_server.base_url, temperature=0.2,
-                                            max_output_tokens=1000)
-        sleeps: list[float] = []
-        judge = judge or FakeJudge()
-        workspace = prepare_workspace(P28, Dsl.CUTEDSL, tmp_path / f"attempt{len(list(tmp_path.iterdir()))}" / "ws",
-                                      PROBLEMS)
-        executor = LocalExecutor(workspace, hide=(REPO,))
-        transcript: list[tuple[int, dict]] = []
-        try:
-            result = run_attempt(P28, Dsl.CUTEDSL, ChatModel(config, sleep=sleeps.append), executor, budget,
-                                 grade=judge, on_message=lambda seq, m: transcript.append((seq, copy.deepcopy(m))),
-                                 skill_text=skill_text, cancel=cancel, now=now or FakeClock(),
-                                 problems_dir=PROBLEMS, conditions=conditions)
-        finally:
-            executor.close()
-        return result, [m for _, m in transcript], sleeps, judge
-
-    return go
-
-
-def tool_results(transcript: list[dict]) -> list[str]:
-    return [m["content"] for m in transcript if m["role"] == "tool"]
-
+__all__ = ["run"]  # a fixture, imported from attempt_kit
 
 # -- a whole attempt ---------------------------------------------------------------------------------
 
@@ -159,6 +79,40 @@ def test_skill_arm_gets_the_transfer_header_and_the_skill(run, llm_server):
     assert "wrong" not in first_user and "<notes>" not in first_user  # a neutral header, as the original's
     assert transcript[1]["extra"]["skill"] is True
     assert result.skill_text is None  # the workspace's SKILL.md stayed empty
+
+
+# -- ending: no bonus for finishing early, and finish asks first ------------------------------------------
+
+
+def test_finish_asks_for_confirmation_and_only_a_later_finish_ends_the_attempt(run, llm_server):
+    clock = FakeClock()
+    result, transcript, _, judge = run([
+        reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL}), call("finish", {}),
+                     call("finish", {})]),  # two in one reply: the model has not seen the question yet
+        reply(calls=[call("bash", {"command": "true"}), call("finish", {})]),
+        clock.after(300, reply(calls=[call("bash", {"command": "true"})])),  # another action withdraws the request
+        reply(calls=[call("finish", {"summary": "done"})]),
+        reply("Yes.", calls=[call("finish", {})]),
+    ], budget=Budget(wall_s=2400), now=clock)
+    results = tool_results(transcript)
+    asks = [r for r in results if r.startswith("Finish now?")]
+    assert len(asks) == 4 and all("no bonus" in r and "call finish again" in r for r in asks)
+    assert "35m00s and 10 of 10 submissions are left" in asks[-1]
+    assert results[-1].startswith("finished:") and len(llm_server.requests) == 5
+    assert (result.ending, result.timed_out, result.time_left_s) == ("finish", False, 2100.0)
+    assert judge.sources == [GOOD_KERNEL] and transcript[-1]["extra"]["time_left_s"] == 2100.0
+    confirmed = [m for m in transcript if m["role"] == "tool" and m["extra"].get("confirmed")]
+    assert len(confirmed) == 1
+
+
+def test_the_oracle_and_replays_confirm_their_finish():
+    from mkb.protocol.attempts import oracle_model
+    from mkb.settings import load_settings
+
+    model = oracle_model(P28, Dsl.CUTEDSL, load_settings().solutions_path)
+    calls = [model.complete([], []).message["tool_calls"][0]["function"]["name"] for _ in range(5)]
+    assert calls == ["write_file", "submit", "write_file", "finish", "finish"]
+    assert ScriptedModel([]).complete([], []).message["tool_calls"][0]["function"]["name"] == "finish"
 
 
 # -- budget ----------------------------------------------------------------------------------------------

@@ -105,13 +105,17 @@ class Clock:
             return "tokens"
         return None
 
+    def left_text(self) -> str:
+        """The budget left as the clock line shows it, e.g. 27m55s (or 'no time limit')."""
+        return "no time limit" if self.budget.wall_s is None else _mmss(self.remaining_s())
+
     def elapsed_text(self) -> str:
         """The charged time as the clock line shows it, e.g. 12m05s elapsed."""
         return f"{_mmss(self.elapsed_s())} elapsed"
 
     def line(self, submissions_left: int) -> str:
         """The visible clock appended to every tool result."""
-        left = "no limit" if self.budget.wall_s is None else f"{_mmss(self.remaining_s())} left"
+        left = "no limit" if self.budget.wall_s is None else f"{self.left_text()} left"
         return (f"[clock: {_mmss(self.elapsed_s())} elapsed, {left}; "
                 f"submissions left: {submissions_left} of {self.budget.n_submissions}]")
 

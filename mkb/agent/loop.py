@@ -154,11 +154,12 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
     finally:
         toolbox.close()
     status = final.status if final else Status.INFRA_ERROR if state == State.INFRA_ERROR else None
+    wall_s = clock.wall_s()
     return AttemptResult(
         state=state, status=status, ending=ending, message=detail or ENDINGS[ending], final=final,
         skill_text=skill, n_submissions=budget.n_submissions - toolbox.submissions_left,
-        submissions=toolbox.submissions, usage=usage, wall_s=clock.wall_s(), queue_s=clock.queue_s,
-        charged_s=clock.elapsed_s(), time_left_s=time_left, isolation=executor.isolation)
+        submissions=toolbox.submissions, usage=usage, wall_s=wall_s, queue_s=clock.queue_s,
+        charged_s=max(0.0, wall_s - clock.paused_s), time_left_s=time_left, isolation=executor.isolation)
 
 
 def _stop_reason(clock: Clock, usage: Usage, toolbox: Toolbox, cancel: threading.Event | None) -> str | None:

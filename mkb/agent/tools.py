@@ -160,8 +160,7 @@ class Toolbox:
             return ToolResult("finished: kernel.py will now be graded once more; that grading is the attempt's "
                               "result.", {**extra, "confirmed": True})
         self._finish_asked = self.turn
-        left = "no time limit" if self.budget.wall_s is None else f"{self.clock.remaining_s() / 60:.0f} minutes"
-        text = prompts.render("finish_confirm.md.j2", self.templates_dir, time_left=left,
+        text = prompts.render("finish_confirm.md.j2", self.templates_dir, time_left=self.clock.left_text(),
                               submissions_left=self.submissions_left, n_submissions=self.budget.n_submissions)
         return ToolResult(text.strip(), {**extra, "confirm": "asked"})
 

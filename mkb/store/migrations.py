@@ -146,7 +146,7 @@ def m004_skills_by_attempt(db: duckdb.DuckDBPyConnection) -> None:
     db.execute("""
     INSERT INTO skills_by_attempt
     SELECT coalesce(s.attempt_id, t.attempt_id, 'legacy:' || s.model || ':' || s.trial_id), s.model, s.trial_id,
-           s.text, s.sha256, length(s.text), len(regexp_split_to_array(trim(s.text), '\\s+')), s.created_at
+           s.text, s.sha256, length(s.text), len(regexp_extract_all(s.text, '\\S+')), s.created_at
     FROM skills s LEFT JOIN trials t ON t.model = s.model AND t.trial_id = s.trial_id""")
     db.execute("DROP TABLE skills")
     db.execute("ALTER TABLE skills_by_attempt RENAME TO skills")
