@@ -133,37 +133,32 @@ def test_time_budget_ends_the_attempt_and_the_final_kernel_is_graded(run, llm_se
     assert "wall-clock budget" in transcript[-1]["content"]
 
 
-def test_the_agent_clock_does_not_charge_time_queued_for_a_gpu(run):
-    clock = FakeClock()
-    judge = FakeJudge(queue_s=500.0, on_grade=lambda: setattr(clock, "t", clock.t + 505.0))
+def _queued_submission(run, wall_s: float, clock: str):
+    """An attempt whose two gradings (feedback, final) each wait 500 s for a GPU and take 505 s in all."""
+    now = FakeClock()
+    judge = FakeJudge(queue_s=500.0, on_grade=lambda: setattr(now, "t", now.t + 505.0))
     result, transcript, _, _ = run([
-        clock.after(10, reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})])),
+        now.after(10, reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})])),
         reply(calls=[call("submit", {})]),
         *FINISH,
-    ], budget=Budget(wall_s=60), judge=judge, now=clock, conditions=Conditions(clock="agent"))
-    assert result.ending == "finish"
-    assert "0m15s elapsed, 0m45s left" in tool_results(transcript)[1]
+    ], budget=Budget(wall_s=wall_s), judge=judge, now=now, conditions=Conditions(clock=clock))
+    return result, tool_results(transcript)
+
+
+def test_the_agent_clock_does_not_charge_time_queued_for_a_gpu(run):
+    result, results = _queued_submission(run, 60, "agent")
+    assert result.ending == "finish" and "0m15s elapsed, 0m45s left" in results[1]
     assert result.queue_s == 1000.0 and result.wall_s == pytest.approx(1020.0)
     assert result.charged_s == pytest.approx(20.0) and result.time_left_s == pytest.approx(45.0)
 
 
 def test_the_paper_clock_charges_everything_judge_queue_included(run):
-    clock = FakeClock()
-    judge = FakeJudge(queue_s=500.0, on_grade=lambda: setattr(clock, "t", clock.t + 505.0))
-    result, transcript, _, _ = run([
-        clock.after(10, reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})])),
-        reply(calls=[call("submit", {})]),
-        *FINISH,
-    ], budget=Budget(wall_s=600), judge=judge, now=clock)
-    assert "8m35s elapsed, 1m25s left" in tool_results(transcript)[1]
+    result, results = _queued_submission(run, 600, "paper")
+    assert "8m35s elapsed, 1m25s left" in results[1]
     assert (result.ending, result.timed_out) == ("finish", False)
     assert result.queue_s == 1000.0 and result.charged_s == pytest.approx(1020.0)
     assert result.time_left_s == pytest.approx(85.0)  # recorded when the confirmed finish ended the loop
-    result, _, _, _ = run([
-        clock.after(10, reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})])),
-        reply(calls=[call("submit", {})]),
-        *FINISH,
-    ], budget=Budget(wall_s=60), judge=judge, now=clock)
+    result, _ = _queued_submission(run, 60, "paper")
     assert (result.ending, result.timed_out, result.time_left_s) == ("time", True, 0.0)
 
 

@@ -95,3 +95,17 @@ def test_reports_count_correct_draws_and_show_the_filtered_traceback():
     not_imported = JudgeRecord(status=Status.IMPORT_ERROR, problem="p32", dsl="cutedsl", device="cuda",
                                message="importing kernel.py failed: SyntaxError", details={"traceback": 42})
     assert "imported: no" in report(not_imported, "final") and "traceback" not in report(not_imported, "final")
+
+
+def test_the_judge_runs_all_five_draws_after_a_wrong_answer_and_the_report_counts_them():
+    from pathlib import Path
+
+    from mkb.judge import grade
+    from mkb.problems import catalog_for, resolve
+
+    root = Path(__file__).resolve().parent.parent
+    record = grade(resolve("p28", catalog_for(root / "problems")), root / "tests" / "kernels" / "alternating_p28.py",
+                   "cutedsl", device="cpu", scale="smoke")
+    assert record.status == Status.INCORRECT and record.message.startswith("draw 2:")
+    assert [d.ok for d in record.draws] == [True, False, True, False, True]
+    assert "correct: no (3 of 5 draws)" in report(record, "submission 1 (feedback)")

@@ -44,11 +44,8 @@ def docs_sha256(problems_dir: Path, dsl: Dsl, examples: bool = True) -> str:
     return digest.hexdigest()
 
 
-SCRATCH = ("__pycache__", "build_*", "*.pyc")
-"""Files an example run leaves in the docs folder: neither hashed nor copied into workspaces."""
-
-
 def _is_scratch(path: Path, root: Path) -> bool:
+    """Files an example run leaves in the docs folder (__pycache__, *.pyc, build_*): neither hashed nor copied."""
     return any(part.endswith(".pyc") or part == "__pycache__" or part.startswith("build_")
                for part in path.relative_to(root).parts)
 
