@@ -53,11 +53,11 @@ class Settings(BaseModel):
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
     dsl_policy: Literal["paper"] = "paper"
-    """DSL-use rule the instruction states and the judge applies: paper (the DSL must run and matter; eager may do the rest)."""
+    """DSL-use rule stated to agents and applied by the judge: paper (the DSL runs and matters; eager does the rest)."""
     clock: Literal["paper", "agent"] = "paper"
-    """Budget clock: paper (all time counts, judge queue and grading included) or agent (GPU queue and provider backoff paused)."""
+    """Budget clock: paper (all time counts, judge queue and grading too) or agent (GPU queue, backoff paused)."""
     context_full: Literal["summarize", "end"] = "summarize"
-    """When the context is full: summarize (hand the attempt over to a summary and go on, as the paper's agent) or end it."""
+    """When the context is full: summarize (hand over to the model's summary and go on, as the paper) or end."""
     manual_examples: bool = True
     """Give agents the manuals' worked example kernels (docs/<dsl>/examples/); false leaves them out."""
     sandbox_cpus: float = 2.0

@@ -40,7 +40,7 @@ def reply(content: str | None = None, calls: list[dict] | None = None, prompt_to
                                           "finish_reason": "tool_calls" if calls else "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens,
-                  **({"prompt_tokens_details": {"cached_tokens": cached_tokens}} if cached_tokens is not None else {})}}}
+                  **({} if cached_tokens is None else {"prompt_tokens_details": {"cached_tokens": cached_tokens}})}}}
 
 
 def error(status: int, message: str = "scripted error", retry_after: float | None = None) -> dict:

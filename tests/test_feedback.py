@@ -97,7 +97,8 @@ def test_reports_count_correct_draws_and_show_the_filtered_traceback():
     assert "imported: no" in report(not_imported, "final") and "traceback" not in report(not_imported, "final")
 
 
-def test_the_judge_runs_all_five_draws_after_a_wrong_answer_and_the_report_counts_them():
+@pytest.mark.parametrize("device, scale", [("cpu", "smoke"), pytest.param("cuda", "full", marks=pytest.mark.gpu)])
+def test_the_judge_runs_all_five_draws_after_a_wrong_answer_and_the_report_counts_them(device, scale):
     from pathlib import Path
 
     from mkb.judge import grade
@@ -105,7 +106,7 @@ def test_the_judge_runs_all_five_draws_after_a_wrong_answer_and_the_report_count
 
     root = Path(__file__).resolve().parent.parent
     record = grade(resolve("p28", catalog_for(root / "problems")), root / "tests" / "kernels" / "alternating_p28.py",
-                   "cutedsl", device="cpu", scale="smoke")
+                   "cutedsl", device=device, scale=scale)
     assert record.status == Status.INCORRECT and record.message.startswith("draw 2:")
     assert [d.ok for d in record.draws] == [True, False, True, False, True]
     assert "correct: no (3 of 5 draws)" in report(record, "submission 1 (feedback)")

@@ -245,7 +245,8 @@ def _completion(response: Any, retries: int, waited_s: float, latency_s: float) 
     details = usage.get("completion_tokens_details") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", usage.get("prompt_cache_hit_tokens"))
     extra = {"prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-             "reasoning_tokens": details.get("reasoning_tokens"), "cached_tokens": cached, "cost_usd": usage.get("cost"),
+             "reasoning_tokens": details.get("reasoning_tokens"), "cached_tokens": cached,
+             "cost_usd": usage.get("cost"),
              "finish_reason": choice.finish_reason, "model": response.model, "retries": retries,
              "latency_s": round(latency_s, 3)}
     reasoning = raw.get("reasoning_content") or raw.get("reasoning")

@@ -57,8 +57,8 @@ def _skill_text(skill: str | None) -> str | None:
 @click.option("--extra-body", help="JSON object of provider-specific request fields.")
 @output_options
 @click.pass_context
-def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, device, sandbox, image, clock, context_full,
-            manual_examples, budget_min, submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens,
+def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, device, sandbox, image, clock,
+            context_full, manual_examples, budget_min, submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens,
             reasoning_effort, extra_body, json_=False, csv_=False):
     """Run one attempt at a problem variant with a model, and store it (trial p<NN>_r1_<arm>).
 

@@ -122,8 +122,8 @@ def m003_protocol_records(db: duckdb.DuckDBPyConnection) -> None:
     db.execute("UPDATE submissions SET n_correct_draws = "
                "len(list_filter(CAST(json_extract(record, '$.draws[*].ok') AS BOOLEAN[]), lambda ok: ok)) "
                "WHERE record IS NOT NULL")
-    db.execute("UPDATE trials SET ending = split_part(message, ':', 1) WHERE list_contains(?, split_part(message, ':', 1))",
-               [list(ENDINGS)])
+    db.execute("UPDATE trials SET ending = split_part(message, ':', 1) "
+               "WHERE list_contains(?, split_part(message, ':', 1))", [list(ENDINGS)])
     db.execute("UPDATE trials SET timed_out = (ending = 'time') WHERE ending IS NOT NULL")
     db.execute("""UPDATE trials SET n_correct_draws = s.n_correct_draws FROM submissions s
                   WHERE s.attempt_id = trials.attempt_id AND s.kind = 'final'""")
