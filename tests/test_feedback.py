@@ -70,7 +70,9 @@ def test_empty_oversized_and_unparsable_kernels_are_not_charged(run):
                      call("submit", {})]),
         reply(calls=[call("write_file", {"path": "kernel.py", "content": "def solve(:\n"}), call("submit", {})]),
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL}), call("submit", {})]),
-        reply(calls=[call("write_file", {"path": "kernel.py", "content": "def solve(*a) return\n"})]),
+        reply(calls=[call("bash", {"command": "mv kernel.py k.py && ln -s /etc/hostname kernel.py"}),
+                     call("submit", {})]),  # a link out of the workspace cannot be read, and is not charged
+        reply(calls=[call("bash", {"command": "rm kernel.py && printf 'def solve(*a) return' > kernel.py"})]),
         *FINISH,
     ], budget=Budget(n_submissions=2), judge=judge)
     results = tool_results(transcript)
@@ -78,6 +80,7 @@ def test_empty_oversized_and_unparsable_kernels_are_not_charged(run):
     assert "over the 300000-byte limit" in results[2] and "submissions left: 2 of 2" in results[2]
     assert "does not parse" in results[4] and "does not count" in results[4]
     assert "passed: yes" in results[6] and "submissions left: 1 of 2" in results[6]
+    assert results[8].startswith("not submitted: kernel.py cannot be read") and "left: 1 of 2" in results[8]
     assert judge.sources == [GOOD_KERNEL]  # neither the refused submissions nor the unparsable final reached it
     assert result.n_submissions == 1 and [s.kind for s in result.submissions] == ["feedback", "final"]
     final = result.final

@@ -145,8 +145,8 @@ class Toolbox:
             return ToolResult(f"error: no submissions left (all {self.budget.n_submissions} used). Keep improving "
                               "kernel.py if you like: it is graded once more when the attempt ends.",
                               {"error": "no_submissions_left"})
-        source = self._snapshot()
-        refused = feedback.precheck(source)
+        source, unreadable = self._snapshot()
+        refused = unreadable or feedback.precheck(source)
         if refused is not None:
             return ToolResult(f"not submitted: {refused}. It was not graded and does not count as a submission.",
                               {"refused": refused})
@@ -164,12 +164,13 @@ class Toolbox:
                               submissions_left=self.submissions_left, n_submissions=self.budget.n_submissions)
         return ToolResult(text.strip(), {**extra, "confirm": "asked"})
 
-    def _snapshot(self) -> str:
+    def _snapshot(self) -> tuple[str, str | None]:
+        """kernel.py's text, or ("", why it cannot be read): missing, a directory, outside the workspace, too large."""
         try:
-            return self.executor.read_file("kernel.py")
+            return self.executor.read_file("kernel.py"), None
         except (OSError, ValueError) as exc:
-            log.info("kernel.py unreadable (%s): taken as empty", exc)
-            return ""
+            log.info("kernel.py unreadable: %s", exc)
+            return "", f"kernel.py cannot be read ({exc})"
 
     def grade_kernel(self, kind: str, source: str | None = None) -> Submission:
         """Snapshot kernel.py out of the workspace, grade the snapshot, record the submission.
@@ -177,9 +178,9 @@ class Toolbox:
         A kernel that cannot be graded (feedback.precheck) is not sent to the judge: the final grading
         records it as an import_error with the reason (feedback submissions refuse it before this).
         """
-        source = self._snapshot() if source is None else source
+        source, unreadable = self._snapshot() if source is None else (source, None)
         n = len(self.submissions) + 1
-        refused = feedback.precheck(source)
+        refused = unreadable or feedback.precheck(source)
         if refused is not None:
             record, queue_s = self._refused(refused), 0.0
         else:
