@@ -274,7 +274,8 @@ VARIES = re.compile(r"(^|_)(id|at)$|_s$|^(seed|seeds|max_error|allowance|spare|c
 """Keys whose values differ between any two runs of one attempt: ids, timestamps, durations (every *_s), the
 judge's random draws (seeds and the errors measured on them), whether a judge process had been started
 ahead (spare), and the command line that started the run."""
-DRAWN = re.compile(r"max error \S+ > allowance \S+|\[clock: \d+m\d+s elapsed, \d+m\d+s left")
+DRAWN = re.compile(r"max error \S+ > allowance \S+|\[clock: \d+m\d+s elapsed, \d+m\d+s left|graded in \d+ s"
+                   r"|Finish now\? \d+m\d+s")
 
 
 def _same_up_to_ids_and_times(value):
