@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError, field_validator, model_validator
 
+from mkb import paper
 from mkb.errors import ProblemFormatError
 from mkb.records import FAMILIES, ProblemInfo, Record
 
@@ -77,6 +78,8 @@ def load_rows(problems_dir: Path) -> list[FidelityRow]:
     """
     rows = []
     for path in sorted(fidelity_dir(problems_dir).glob("*.toml")):
+        if path.name == "protocol.toml":  # the protocol's points: mkb.paper
+            continue
         where = f"fidelity/{path.name}"
         if path.stem not in FAMILIES:
             raise ProblemFormatError(f"{where}: name the file after a family ({', '.join(FAMILIES)})")
@@ -181,7 +184,7 @@ def sync(problems_dir: Path, catalog: list[ProblemInfo], doc: Path, write: bool 
     """
     rows = load_rows(problems_dir)
     check_rows(rows, catalog)
-    text = render(rows, catalog)
+    text = paper.with_section(render(rows, catalog), paper.render_section(paper.load_points(problems_dir)))
     stale = not doc.exists() or doc.read_text() != text
     if stale and write:
         doc.parent.mkdir(parents=True, exist_ok=True)

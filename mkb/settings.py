@@ -58,6 +58,18 @@ class Settings(BaseModel):
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
     unsafe_sandbox: bool = False
     """Let agents' commands run unisolated (they can read the API key and every file) where bubblewrap cannot run or with --sandbox none; otherwise those attempts are refused."""
+    dsl_policy: Literal["paper"] = "paper"
+    """DSL-use rule stated to agents and applied by the judge: paper (the DSL runs and matters; eager does the rest)."""
+    clock: Literal["paper", "agent"] = "paper"
+    """Budget clock: paper (all time counts, judge queue and grading too) or agent (GPU queue, backoff paused)."""
+    context_full: Literal["summarize", "end"] = "summarize"
+    """When the context is full: summarize (hand over to the model's summary and go on, as the paper) or end."""
+    manual_examples: bool = True
+    """Give agents the manuals' worked example kernels (docs/<dsl>/examples/); false leaves them out."""
+    sandbox_cpus: float = 2.0
+    """CPUs of an attempt's sandbox, as the instruction states them (the paper's 2)."""
+    sandbox_memory_mb: int = 8192
+    """Memory of an attempt's sandbox in MiB, as the instruction states it (the paper's 8 GB)."""
 
     @property
     def db_path(self) -> Path:
