@@ -177,14 +177,17 @@ def render(rows: list[FidelityRow], catalog: list[ProblemInfo]) -> str:
 def sync(problems_dir: Path, catalog: list[ProblemInfo], doc: Path, write: bool = True) -> bool:
     """Check the rows against the catalog and (re)write doc; True when doc was out of date.
 
-    Problems without a row are listed in the document (require_complete is the strict check).
+    Problems without a row are listed in the document (require_complete is the strict check). The
+    protocol section is added when the problems directory has fidelity/protocol.toml.
 
     Raises:
         ProblemFormatError: a row is malformed, repeated or names no problem of its family.
     """
     rows = load_rows(problems_dir)
     check_rows(rows, catalog)
-    text = paper.with_section(render(rows, catalog), paper.render_section(paper.load_points(problems_dir)))
+    text = render(rows, catalog)
+    if paper.points_path(problems_dir).exists():  # a problem set of one's own may have no protocol rows
+        text = paper.with_section(text, paper.render_section(paper.load_points(problems_dir)))
     stale = not doc.exists() or doc.read_text() != text
     if stale and write:
         doc.parent.mkdir(parents=True, exist_ok=True)

@@ -282,7 +282,7 @@ def test_odd_but_usable_reply_fields_are_kept_or_dropped_not_fatal(run):
     body = {**_CHOICE, "usage": "lots", "choices": [{"finish_reason": 3, "message": {
         "content": [{"type": "text", "text": "thinking "}, {"type": "text", "text": "aloud"}],
         "tool_calls": [{"id": "c1", "function": {"name": "finish", "arguments": {}}}, {"id": "no-function"}]}}]}
-    result, transcript, _, _ = run([raw(json.dumps(body))])
+    result, transcript, _, _ = run([raw(json.dumps(body)), raw(json.dumps(body))])  # the finish, confirmed
     assert result.state == "finished" and result.ending == "finish"
     assert transcript[2]["content"] == "thinking aloud" and len(transcript[2]["tool_calls"]) == 1
     assert transcript[2]["tool_calls"][0]["function"] == {"name": "finish", "arguments": "{}"}
