@@ -1,7 +1,14 @@
 # MetaKernelBench image: both DSL toolchains, the problem set, docs and templates; entrypoint `mkb`.
 #
 #   make image                      # production: CUDA 13 devel base (pinned by digest), Python 3.12
-#   docker run --gpus all -e OPENROUTER_API_KEY -v $PWD/results:/results mkb run-model openrouter/<model>
+#   docker run --gpus all --security-opt seccomp=unconfined --security-opt systempaths=unconfined \
+#     -e OPENROUTER_API_KEY -v $PWD/results:/results mkb run-model openrouter/<model>
+#
+# The judge grades every kernel in a bubblewrap sandbox of its own (user, mount, PID and network
+# namespaces; docs/judge.md). Docker's default seccomp profile refuses the namespaces, and its masked
+# /proc paths refuse a fresh /proc: the two --security-opt flags above let the sandbox start (add
+# --security-opt apparmor=unconfined where AppArmor is on). Without them every grading is an
+# infra_error that says so, and `mkb doctor` reports the judge sandbox as failed.
 #
 # Python packages come only from build/wheelhouse (made on the host by scripts/wheelhouse.sh from the
 # hash-locked requirements.lock), so the build needs no registry. CI builds the same file with

@@ -96,6 +96,21 @@ def _sandbox() -> list[Finding]:
     return found
 
 
+def _judge_sandbox(settings: Settings) -> Finding:
+    """Which isolation the judge grades kernels in (mkb.judge.sandbox), or why it has none."""
+    from mkb.judge import sandbox
+
+    found, why = sandbox.find()
+    if found is not None:
+        facts = found.describe(min(settings.judge_tmpfs_mb, settings.judge_memory_mb))
+        return Finding("judge sandbox", "ok", f"{facts['sandbox']}; {facts['namespaces']} namespaces; "
+                                             f"candidate uid {facts['uid']}")
+    if settings.judge_unsafe_no_sandbox:
+        return Finding("judge sandbox", "warn", f"none ({why}): kernels are graded in plain processes that see "
+                                               f"the host (MKB_JUDGE_UNSAFE_NO_SANDBOX is set)", sandbox.FIX)
+    return Finding("judge sandbox", "fail", f"none: {why}; every grading would be an infra_error", sandbox.FIX)
+
+
 def _endpoint(base_url: str | None) -> Finding:
     if not base_url:
         return Finding("model endpoint", "skip", "none configured (pass --base-url or set MKB_BASE_URL)")
@@ -122,6 +137,6 @@ def diagnose(settings: Settings, base_url: str | None = None, dsl_timeout_s: flo
     gpus = environment.gpus()
     arch = gpus[0]["arch"] if gpus else settings.arch
     findings += [_dsl("cutedsl", arch, dsl_timeout_s), _dsl("tirx", arch, dsl_timeout_s), _database(settings)]
-    findings += _sandbox()
+    findings += [_judge_sandbox(settings), *_sandbox()]
     findings.append(_endpoint(base_url or settings.base_url))
     return findings

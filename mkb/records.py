@@ -87,9 +87,10 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     """The evaluation ran past its time limit and was killed."""
     CRASHED = "crashed"
-    """The candidate process died (signal, os._exit, CUDA fault, memory limit)."""
+    """The candidate process died (signal, os._exit, CUDA fault, memory limit), or a judge process failed once
+    kernel.py was loaded."""
     INFRA_ERROR = "infra_error"
-    """The grading infrastructure failed; never charged to the model, rerun by the protocol."""
+    """The grader failed before the kernel's code ran (no sandbox, preflight); never charged, rerun by the protocol."""
 
 
 class State(StrEnum):

@@ -26,12 +26,22 @@
 #   docs       pytest -m gpu: the DSL manuals' examples on the GPU   -> docs_examples.json
 #   gpu-tests  every @pytest.mark.gpu test (make test-gpu)          -> gpu_tests.log, judge_records.json,
 #              docs_examples.json
+#   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
+#              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
+# The judge grades only inside its bwrap sandbox: a bwrap staged with scripts/stage_bwrap.sh (carry
+# ".device/bwrap") is installed first when the machine has none.
 set -uo pipefail
 OUT=${OUT:-/tmp/mkb-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" MKB_HOME=/tmp/mkb-home
 PY=${PY:-python3}
 log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
+if ! command -v bwrap >/dev/null && [ -x .device/bwrap/bwrap ]; then
+  install -m 0755 .device/bwrap/bwrap /usr/local/bin/bwrap
+  if ldd /usr/local/bin/bwrap | grep -q "not found"; then cp .device/bwrap/*.so* /usr/local/lib/ && ldconfig; fi
+fi
+command -v bwrap >/dev/null && log "judge sandbox: $(bwrap --version)" \
+  || log "NO bwrap: every grading is an infra_error (stage one: bash scripts/stage_bwrap.sh, carry .device/bwrap)"
 # The oracle stages resume: $OUT's database if a stage made one, else the shipped one (unless REF_FRESH=1);
 # finished trials in it are reused.
 resume_db() {
@@ -81,6 +91,7 @@ for stage in "$@"; do
     docs) $PY -m pytest -q -m gpu tests/test_docs.py --gpu-records "$OUT" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     gpu-tests) $PY -m pytest -q -m gpu --gpu-records "$OUT" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 \
           | tee -a "$OUT/session.log" ;;
+    sandbox) $PY scripts/gpu_sandbox_check.py "$OUT/sandbox_check.json" 2>&1 | tail -60 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac
   log "stage $stage exit ${PIPESTATUS[0]}"

@@ -25,7 +25,7 @@ N = 4 << 20  # float32 elements: 16 MiB per tensor
 CHILD = """
 import json, sys, torch
 from cuda.bindings import driver
-from mkb.judge import wire
+from mkb.judge.candidate import wire
 t = wire.open_ipc_leaf(json.loads(sys.argv[1]))
 err, base, size = driver.cuMemGetAddressRange(t.data_ptr())
 assert int(err) == 0, err
@@ -40,8 +40,8 @@ print(json.dumps({"mapped_bytes": int(size), "secret_floats_seen": seen}))
 def scenario(with_pool: bool) -> dict:
     import torch
 
-    from mkb.judge import wire
-    from mkb.judge.referee import SharedPool
+    from mkb.judge.candidate import wire
+    from mkb.judge.referee.transport import SharedPool
 
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""CPU placement while timing (mkb.judge.cpus): topology parsing, exclusive claims, pinning."""
+"""CPU placement while timing (mkb.judge.referee.cpus): topology parsing, exclusive claims, pinning."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mkb.judge import cpus
+from mkb.judge.referee import cpus
 
 
 def fake_sysfs(root: Path, siblings: dict[int, str]) -> Path:

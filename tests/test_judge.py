@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from mkb.judge import grade, static
-from mkb.judge.policy import origin
+from mkb.judge import grade, sandbox, static
+from mkb.judge.referee.policy import origin
 from mkb.problems import catalog_for, resolve
 from mkb.records import Check, Dsl, Status
 
@@ -30,14 +30,20 @@ def fixture_facts(path: Path) -> dict:
     facts = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in doc.splitlines()[1:]) if v}
     return {"problem": facts["problem"], "dsl": facts["dsl"], "device": facts["device"],
             "expected": Status(facts["expected"]), "timeout": float(facts.get("timeout", 120)),
+            "memory_mb": int(facts["memory"]) if "memory" in facts else None,
+            "also": {Status(x.strip()) for x in facts.get("also", "").split(",") if x.strip()},
             "hack": doc.splitlines()[0]}
 
 
-FIXTURES = sorted(KERNELS.glob("*.py"))
+FIXTURES = sorted(p for p in KERNELS.glob("*.py") if not p.name.startswith("attack_"))
+"""The attack fixtures need the sandbox's small test limits: tests/test_judge_sandbox.py grades them."""
+needs_sandbox = pytest.mark.skipif(sandbox.find()[0] is None, reason=f"no judge sandbox here: {sandbox.find()[1]} "
+                                   "(every grading would be an infra_error)")
 
 
 def _param(path: Path):
     marks = [pytest.mark.gpu] if fixture_facts(path)["device"] == "gpu" else []
+    marks.append(needs_sandbox)
     return pytest.param(path, id=path.stem, marks=marks)
 
 
@@ -75,15 +81,16 @@ def test_fixture_gets_expected_status(path, graded):
         assert record.kernel_ms is None and record.speedup is None
         assert record.dsl_check != Check.PASSED or facts["dsl"] == Dsl.TIRX, "GPU-only checks never pass on CPU"
     else:
-        assert record.details["isolation"]["memory"].startswith("RSS watchdog")
+        assert "RLIMIT_AS" not in record.details["isolation"]["memory"]  # CUDA reserves more than it uses
 
 
 def test_every_fixture_documents_its_hack():
     assert len([p for p in FIXTURES if fixture_facts(p)["expected"] != Status.PASSED]) >= 12
-    for path in FIXTURES:
+    for path in sorted(KERNELS.glob("*.py")):
         assert fixture_facts(path)["hack"], path
 
 
+@needs_sandbox
 def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     record = graded("valid_tirx_p28")
     assert record.status == Status.PASSED and record.dsl_check == Check.PASSED
@@ -95,6 +102,7 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
     assert len(record.details["solve_step_s"]) == 5
 
 
+@needs_sandbox
 def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
     record = graded("huge_output")
     assert record.status == Status.PASSED and record.message == "passed"
@@ -102,16 +110,19 @@ def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
     assert record.wall_s < 120
 
 
+@needs_sandbox
 def test_a_crash_does_not_poison_the_next_evaluation(graded):
     assert graded("crash_segfault").status == Status.CRASHED
     assert "SIGSEGV" in graded("crash_segfault").message
     assert graded("valid_torch_p28").status == Status.PASSED
 
 
+@needs_sandbox
 def test_isolation_is_reported(graded):
     isolation = graded("no_solve").details["isolation"]
-    assert isolation["network"] and isolation["memory"].startswith("RLIMIT_AS")
-    assert "own session" in isolation["session"]
+    assert isolation["network"].startswith("none (own network namespace)")
+    assert "RLIMIT_AS" in isolation["memory"] and "watchdog" in isolation["memory"]
+    assert "own session" in isolation["session"] and "PID" in isolation["namespaces"]
 
 
 @pytest.mark.parametrize("source, dsl, rule", [
@@ -127,6 +138,9 @@ def test_isolation_is_reported(graded):
     ("import torch\ntorch.cuda.synchronize = lambda: None\n", "cutedsl", "patching"),
     ("from problems.mlp_norm import x\n", "cutedsl", "forbidden_import"),
     ("def solve(*a):\n    return reference(*a)\n", "tirx", "forbidden_call"),
+    ("import runpy\n", "tirx", "forbidden_import"),
+    ("import _socket\n", "cutedsl", "forbidden_import"),
+    ("from posix import fork\n", "cutedsl", "forbidden_import"),
 ])
 def test_static_scan_flags(source, dsl, rule):
     assert rule in {f.rule for f in static.scan(source, Dsl(dsl))}
@@ -147,6 +161,7 @@ def test_kernels_are_attributed_by_built_symbols_not_names():
     assert origin("triton_poi_fused_0", built) == "triton"
 
 
+@needs_sandbox
 def test_verify_cli_json_and_exit_codes(tmp_path):
     from mkb.cli import main
 
@@ -186,7 +201,7 @@ def test_bench_judge_needs_a_gpu():
 
 
 def test_trace_summary_flags_unjoined_side_stream_work():
-    from mkb.judge import trace
+    from mkb.judge.candidate import trace
 
     def span(name, ts, dur):
         return {"cat": "user_annotation", "name": name, "ts": ts, "dur": dur}
@@ -208,7 +223,7 @@ def test_trace_summary_flags_unjoined_side_stream_work():
 
 
 def test_trace_summary_assigns_uncorrelated_driver_launches_to_their_call():
-    from mkb.judge import trace
+    from mkb.judge.candidate import trace
 
     events = [{"cat": "user_annotation", "name": "mkb_solve", "ts": 0, "dur": 5},
               {"cat": "user_annotation", "name": "mkb_marker", "ts": 6, "dur": 1},
@@ -220,7 +235,7 @@ def test_trace_summary_assigns_uncorrelated_driver_launches_to_their_call():
 
 
 def test_busy_time_counts_concurrent_kernels_once():
-    from mkb.judge.trace import busy_us
+    from mkb.judge.candidate.trace import busy_us
 
     assert busy_us([]) == 0
     assert busy_us([(0, 10), (2, 6), (12, 15)]) == 13
@@ -244,7 +259,7 @@ def _timing(self_ms, trusted_ms, busy_ms=None, tail_ms=0.28, device_ms=None):
     (1.0, 1.05, 0.95, 1.9),          # two joined 0.95 ms kernels on two streams: busy time counts, not the sum
 ])
 def test_honest_timings_measured_on_the_h200_pass(self_ms, trusted_ms, busy_ms, device_ms):
-    from mkb.judge.speed import timing_violation
+    from mkb.judge.referee.speed import timing_violation
 
     assert timing_violation(*_timing(self_ms, trusted_ms, busy_ms, device_ms=device_ms)) is None
 
@@ -255,14 +270,14 @@ def test_honest_timings_measured_on_the_h200_pass(self_ms, trusted_ms, busy_ms, 
     (2.2, 2.2, 2.0, 3.0, "after solve() returned"),  # side-stream work left running after return
 ])
 def test_hidden_work_and_patched_timers_are_violations(self_ms, trusted_ms, busy_ms, tail_ms, words):
-    from mkb.judge.speed import timing_violation
+    from mkb.judge.referee.speed import timing_violation
 
     message = timing_violation(*_timing(self_ms, trusted_ms, busy_ms, tail_ms))
     assert message is not None and words in message
 
 
 def test_small_references_are_compared_on_the_gpu_large_ones_on_the_host():
-    from mkb.judge.referee import keep_on_device
+    from mkb.judge.referee.transport import keep_on_device
 
     h200 = 150_000_000_000  # bytes of device memory torch reports on an H200
     p28 = 14509 * 4096 * (2 + 8)  # the bf16 output and its fp64 anchor
@@ -277,14 +292,16 @@ def _supervised(states: dict[str, tuple[str, bool]]):
     import sys
     from types import SimpleNamespace
 
-    from mkb.judge.processes import Evaluation
+    from mkb.judge.evaluation import Evaluation
 
     evaluation = Evaluation.__new__(Evaluation)
-    evaluation.children, evaluation.ready = {}, {}
+    evaluation.children, evaluation.closed = {}, set()
+    evaluation.launch = SimpleNamespace(ready={}, signals={})
     for name, (code, ready) in states.items():
         popen = subprocess.Popen([sys.executable, "-c", code])
         evaluation.children[name] = SimpleNamespace(popen=popen)
-        evaluation.ready[name], write_end = os.pipe()
+        evaluation.launch.ready[name], write_end = os.pipe()
+        evaluation.launch.signals[name] = b""
         if ready:
             os.write(write_end, b"ready")
     for name, (code, _) in states.items():
@@ -305,7 +322,13 @@ def test_a_verdict_before_the_eager_harness_is_ready_is_no_startup_failure():
     died = _supervised({"referee": (sleeper, True), "candidate": ("pass", True),
                         "eager": ("raise SystemExit(1)", False)})
     assert died._wait_ready(time.monotonic) == "startup_died"
-    for evaluation in (fast, died):
+    # A whole fast grading can end before its readiness bytes are read (seen in CI on a loaded host): every
+    # process said ready, then exited 0; that is no start-up failure.
+    done = _supervised({"referee": ("pass", True), "candidate": ("pass", True), "eager": ("pass", True)})
+    for child in done.children.values():
+        child.popen.wait()
+    assert done._wait_ready(time.monotonic) is None
+    for evaluation in (fast, died, done):
         for child in evaluation.children.values():
             child.popen.kill()
             child.popen.wait()
@@ -348,11 +371,12 @@ def test_bench_summary_reports_spread_overhead_and_where_the_time_goes():
     assert row["gpu"] == "NVIDIA H200" and row["environment"] == {"driver": "580.159.04"}
 
 
+@needs_sandbox
 def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     """A grading starts the next one's processes ahead; a different kind of grading does not take them."""
     import os
 
-    from mkb.judge import processes
+    from mkb.judge import launch as processes
     from mkb.settings import load_settings
 
     processes.discard_spares()
@@ -371,7 +395,7 @@ def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     spares = [launch for waiting in processes._SPARES.values() for launch in waiting]
     assert spares and all(s.alive() for s in spares)
     pids = [c.pid for s in spares for c in s.children.values()]
-    workdirs = [s.workdir for s in spares]
+    workdirs = [s.hostdir for s in spares]
     processes.discard_spares()
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert not any(Path(w).exists() for w in workdirs)
@@ -381,14 +405,15 @@ def test_spare_processes_serve_the_next_grading_and_vanish(catalog, tmp_path):
     assert not any(processes._SPARES.values()) and not any(processes._IN_FLIGHT.values())
 
 
+@needs_sandbox
 def test_a_spare_that_is_never_used_exits_on_its_own():
     """The judge's end of a spare's spec pipe closing (discarded, or the judge died) ends the spare."""
     import time
 
-    from mkb.judge import processes
+    from mkb.judge import launch as processes
     from mkb.settings import load_settings
 
-    plan = processes.Plan.of(load_settings(), "cpu", False, False, None)
+    plan = processes.Plan.of(load_settings(), "cpu", False, True, None)
     launch = processes.Launch(plan)
     for fd in list(launch._go.values()):  # what the kernel does when the judge's process dies
         os.close(fd)
@@ -403,7 +428,7 @@ def test_a_spare_that_is_never_used_exits_on_its_own():
 def test_gpu_fingerprint_tells_outputs_apart_and_equal_bytes_alike():
     import torch
 
-    from mkb.judge import checks
+    from mkb.judge.referee import checks
 
     x = torch.randn(3 * checks._FINGERPRINT_CHUNK // 2 + 3)  # two chunks, no trailing bytes
     f = checks.gpu_fingerprint(x)
@@ -428,7 +453,7 @@ def test_the_profiler_warm_up_imports_nothing_heavy():
     import sys
 
     code = ("import importlib.util, sys; import torch\n"
-            f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'mkb/judge/trace.py')!r})\n"
+            f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'mkb/judge/candidate/trace.py')!r})\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.warm_up()\n"
             "print([n for n in ('torch._inductor', 'torch._dynamo', 'sympy', 'triton') if n in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -436,10 +461,11 @@ def test_the_profiler_warm_up_imports_nothing_heavy():
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
+@needs_sandbox
 def test_concurrent_graders_of_one_kind_keep_a_spare_each(catalog):
     from concurrent.futures import ThreadPoolExecutor
 
-    from mkb.judge import processes
+    from mkb.judge import launch as processes
     from mkb.settings import load_settings
 
     processes.discard_spares()

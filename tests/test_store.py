@@ -82,6 +82,26 @@ def test_a_database_written_by_main_migrates_and_wall_s_becomes_agent_time(tmp_p
     assert {t.state for t in trials.values()} == {State.FINISHED}
 
 
+def test_an_older_database_gains_the_protocol_columns_and_skills_by_attempt(tmp_path):
+    path = import_main_db(tmp_path / "main.duckdb")
+    con = duckdb.connect(str(path))  # a second skill row of an earlier attempt cannot exist under the old key:
+    con.execute("UPDATE skills SET attempt_id = NULL WHERE trial_id = 'p28_r1_solo_tirx'")  # a row without an id
+    con.close()
+    with Store(path) as store:
+        trials = {t.trial_id: t for t in store.trials()}
+        skills = {s.trial_id: s for s in store.select(Skill)}
+        finals = {s.attempt_id: s.n_correct_draws for s in store.select(StoredSubmission, "kind = 'final'")}
+        assert store.skill("vllm/scripted", "p28_r1_solo_tirx").text == skills["p28_r1_solo_tirx"].text
+    cutedsl, tirx = trials["p28_r1_solo_cutedsl"], trials["p28_r1_solo_tirx"]
+    assert (tirx.ending, tirx.timed_out) == ("finish", False)  # from the message it ended with
+    assert (cutedsl.ending, cutedsl.timed_out) == (None, None)  # its message names no ending
+    assert tirx.n_correct_draws == finals[tirx.attempt_id] == 0 and cutedsl.charged_s is None
+    assert skills["p28_r1_solo_cutedsl"].attempt_id == cutedsl.attempt_id
+    assert skills["p28_r1_solo_tirx"].attempt_id == tirx.attempt_id  # taken from its trial's current attempt
+    skill = skills["p28_r1_solo_cutedsl"]
+    assert (skill.n_chars, skill.n_words) == (len(skill.text), len(skill.text.split()))
+
+
 def test_a_read_only_open_of_an_older_database_migrates_a_copy_and_leaves_the_file(tmp_path):
     path = import_main_db(tmp_path / "main.duckdb")
     before = path.read_bytes()
@@ -183,14 +203,16 @@ def test_typed_rows_go_in_whole_and_come_back_as_records(store):
     store.put(trial.model_copy(update={"state": State.FINISHED, "status": Status.INCORRECT}))
     store.put(Skill(model="openai/x", trial_id=trial.trial_id, attempt_id="a1", text="tile rows", sha256="s",
                     created_at=at))
+    store.put(Skill(model="openai/x", trial_id=trial.trial_id, attempt_id="a0", text="an earlier attempt's", sha256="e",
+                    created_at=at))
     assert store.trial("openai/x", trial.trial_id) == trial.model_copy(
         update={"state": State.FINISHED, "status": Status.INCORRECT})
     assert [m.wire() for m in store.messages("a1")] == [
         {"role": "system", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
     assert store.submissions("a1")[0].judge_record().status == Status.INCORRECT
     assert store.find_attempt(trial.trial_id).budget == {"wall_s": 2400.0} == store.find_attempt("a").budget
-    assert store.skill("openai/x", trial.trial_id).text == "tile rows"
-    store.delete(Skill, model="openai/x", trial_id=trial.trial_id)
+    assert store.skill("openai/x", trial.trial_id).text == "tile rows"  # the current attempt's, never a0's
+    store.delete(Skill, attempt_id="a1")
     assert store.skill("openai/x", trial.trial_id) is None
     with pytest.raises(MkbError, match="no trial or attempt 'p99'"):
         store.find_attempt("p99")

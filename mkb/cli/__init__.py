@@ -136,6 +136,20 @@ def run_options(fn):
                              "(default: the device setting, auto).")(fn)
 
 
+def protocol_options(fn):
+    """--clock, --context-full and --examples/--no-examples: where ours differs from the paper's protocol
+    (settings; the paper's behaviour is each default, docs/fidelity.md)."""
+    fn = click.option("--examples/--no-examples", "manual_examples", default=None,
+                      help="Give agents the manuals' worked example kernels (default: the manual_examples "
+                           "setting, on).")(fn)
+    fn = click.option("--context-full", type=click.Choice(["summarize", "end"]),
+                      help="When the context is full: summarize and go on (the paper's agent), or end the attempt "
+                           "(default: the context_full setting, summarize).")(fn)
+    return click.option("--clock", type=click.Choice(["paper", "agent"]),
+                        help="Budget clock: paper (everything counts, judge queue and grading included) or agent "
+                             "(GPU queue and provider backoff paused) (default: the clock setting, paper).")(fn)
+
+
 def command_line(ctx: click.Context) -> str:
     """The command line of this invocation, as run rows record it."""
     return shlex.join(["mkb", *ctx.find_root().meta.get("argv", [])])

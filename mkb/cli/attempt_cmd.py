@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from mkb.cli import (command_line, console, db_option, emit, exit_on_infra_errors, infra_failed, output_options,
-                     require_writable_home, run_options, settings_from)
+                     protocol_options, require_writable_home, run_options, settings_from)
 from mkb.errors import MkbError
 from mkb.records import DSLS, Arm, Dsl
 
@@ -46,7 +46,8 @@ def _skill_text(skill: str | None) -> str | None:
 @click.option("--api-key-env", help="Variable holding the API key (default: the provider's, e.g. OPENROUTER_API_KEY).")
 @db_option
 @run_options
-@click.option("--budget-min", type=float, default=40.0, show_default=True, help="Agent wall clock in minutes.")
+@protocol_options
+@click.option("--budget-min", type=float, default=40.0, show_default=True, help="Wall clock in minutes (see --clock).")
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions allowed.")
 @click.option("--max-turns", type=int, help="Cap on model replies.")
 @click.option("--max-tokens", type=int, help="Cap on prompt + completion tokens over the attempt.")
@@ -57,9 +58,9 @@ def _skill_text(skill: str | None) -> str | None:
 @click.option("--extra-body", help="JSON object of provider-specific request fields.")
 @output_options
 @click.pass_context
-def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, device, sandbox, image, budget_min,
-            submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens, reasoning_effort, extra_body,
-            json_=False, csv_=False):
+def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, device, sandbox, image, clock, context_full,
+            manual_examples, budget_min, submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens,
+            reasoning_effort, extra_body, json_=False, csv_=False):
     """Run one attempt at a problem variant with a model, and store it (trial p<NN>_r1_<arm>).
 
     It runs exactly as the trial would in `mkb run-model`, and records the same rows. Exits 3 when the
@@ -79,7 +80,11 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, device,
     from mkb.records import TrialSpec
     from mkb.store import Store
 
-    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image)
+    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image, clock=clock,
+                             context_full=context_full, manual_examples=manual_examples)
+    from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+    prepare_host()
     info = resolve(problem, catalog_for(settings.problems_dir))
     try:
         extra = json.loads(extra_body) if extra_body else {}

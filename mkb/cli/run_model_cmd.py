@@ -7,7 +7,7 @@ import time
 import click
 
 from mkb.cli import (command_line, comma_separated, console, db_option, emit, exit_on_infra_errors, infra_failed,
-                     require_writable_home, run_options, settings_from)
+                     protocol_options, require_writable_home, run_options, settings_from)
 from mkb.records import FAMILIES, Arm
 
 
@@ -63,11 +63,12 @@ class _Live:
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1), help="Attempts at once.")
 @click.option("--gpus", help="GPU indices for judge workers, e.g. 0,1,2 (default: every visible GPU).")
 @run_options
+@protocol_options
 @click.option("--rerun-stale", is_flag=True, help="Rerun finished trials whose fingerprint changed.")
 @click.option("--dry-run", is_flag=True, help="Print the plan and change nothing.")
 @click.option("--base-url", help="OpenAI-compatible endpoint for plain model names (env MKB_BASE_URL).")
 @click.option("--api-key-env", help="Environment variable holding the API key.")
-@click.option("--budget-s", type=float, default=2400.0, show_default=True, help="Agent wall clock per attempt.")
+@click.option("--budget-s", type=float, default=2400.0, show_default=True, help="Wall clock per attempt (see --clock).")
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions per attempt.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Run on this host, or attempts as Ray tasks and judges as one-GPU Ray actors (docs/ray.md).")
@@ -76,7 +77,8 @@ class _Live:
 @db_option
 @click.pass_context
 def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, concurrency, gpus, device, sandbox,
-                  image, rerun_stale, dry_run, base_url, api_key_env, budget_s, submissions, executor, ray_address):
+                  image, clock, context_full, manual_examples, rerun_stale, dry_run, base_url, api_key_env, budget_s,
+                  submissions, executor, ray_address):
     """Run the protocol for MODEL (provider/model, a plain name with --base-url, or `reference`).
 
     Trials are p<NN>_r<k>_<arm>; finished ones are reused, errored ones rerun, stale ones block
@@ -96,13 +98,17 @@ def run_model_cmd(ctx, model, problems, families, arms, trial_glob, replicates, 
     from mkb.protocol.plan import Action
     from mkb.store import Store
 
-    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image)
+    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image, clock=clock,
+                             context_full=context_full, manual_examples=manual_examples)
     if dry_run:  # a bad model name fails before the plan; a dry run needs no key to look
         if model != protocol.ORACLE:
             parse_model_spec(model, settings.base_url, api_key_env)
     else:
         protocol.model_config(model, settings.base_url, api_key_env, None)
         require_writable_home(settings, "runs keep the attempts' workspaces there")
+        from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
+
+        prepare_host()
     request = protocol.RunRequest(
         model=model, problems=list(problems) or None, families=list(families) or None,
         arms=[Arm(a) for a in arms] or None, trial_glob=trial_glob, replicates=replicates,

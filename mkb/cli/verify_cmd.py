@@ -39,10 +39,11 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
         mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
     """
     from mkb.environment import resolve_device
-    from mkb.judge import grade
+    from mkb.judge import grade, prepare_host
     from mkb.problems import catalog_for, resolve
 
     settings = settings_from(ctx, judge_spares=0, device=device)  # one grading: nothing to start ahead
+    prepare_host()
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     record = grade(problem, kernel, dsl, device=resolve_device(settings).kind, timing=timing, timeout_s=timeout_s,
                    settings=settings, scale=scale)

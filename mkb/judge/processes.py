@@ -1,344 +1,238 @@
-"""The processes of one evaluation: referee, candidate and eager harness, their pipes and their supervision.
+"""The judge's child processes: started from one thread, own session, limits, capped output, hard kill.
 
-A Launch starts the processes before the grading is known: each child imports torch (the bulk of a
-cold start) and then waits for its spec on a pipe of its own. An Evaluation hands a Launch its problem
-and kernel, waits for the verdict under the startup allowance and the hard timeout, kills every
-process group at the end, and turns what happened into a verdict dict for grade().
+Each judge process starts in a new session (its own process group), so one killpg ends it and
+whatever it started there; in the sandbox, its PID namespace ends with it (launch.py). Every
+process gets PR_SET_PDEATHSIG (SIGKILL): the kernel sends it when the *thread* that forked the
+process exits, not the process, so all judge processes are started from one long-lived thread of
+the judge's process (the spawner) and die with that process, however it ends (SIGTERM, kill -9).
+bwrap's --die-with-parent rests on the same mechanism.
 
-Spares: while a grading runs, `launched` starts the next Launch of the same kind, so the next grading
-finds its processes with torch already imported. Each process still serves exactly one grading; a
-spare is only started earlier. Spares are keyed by everything their start depends on (device,
-timing, network isolation, GPU pinning, limits, environment) and are killed when the judge's process
-exits; a spare whose parent vanishes reads end-of-file on its spec pipe and exits.
+The candidate's limits: CPU time and file size (rlimits), memory (RLIMIT_AS on CPU; always a
+watchdog summing the resident memory of its whole process tree and the files in its sandbox's tmpfs
+mounts, since CUDA reserves far more address space than it uses and files in RAM are in no RSS), and
+the number of processes and threads in its tree.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import hashlib
-import json
-import logging
+import ctypes
 import os
-import select
-import shutil
-import sys
-import tempfile
+import queue
+import resource
+import signal
+import subprocess
 import threading
-import time
-from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, Iterator
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Callable
 
-from mkb.judge import sandbox
-from mkb.records import Dsl, Status
-from mkb.settings import Settings, environment
-
-STARTUP_S = 180.0
-"""Time the judge processes get to start (import torch, initialise CUDA) before the timeout clock runs."""
-LOG_TAIL_CHARS = 8000
-MAX_SPARES = 16
-"""Spare Launches kept at most, over all kinds (a protocol run has one kind per GPU)."""
-_HERE = Path(__file__).resolve().parent
-log = logging.getLogger(__name__)
-_SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a grading's processes need before its problem and kernel are known: the key of a spare."""
+class Limits:
+    """Resource limits of one child process."""
 
-    device: str
-    timed: bool
-    """Whether an eager harness is started (GPU timing)."""
-    isolate_network: bool
-    visible_devices: str | None
-    memory_mb: int
-    timeout_s: float
-    output_limit_bytes: int
-    environment: str
-    """A digest of the environment the children start with."""
+    memory_mb: int | None = None
+    """Memory of the process tree (watchdog); also RLIMIT_AS unless address_space is False."""
+    address_space: bool = True
+    """Enforce memory_mb with RLIMIT_AS too (not for CUDA processes, which reserve far more than they use)."""
+    cpu_s: int | None = None
+    """CPU-time limit (RLIMIT_CPU)."""
+    file_bytes: int | None = None
+    """Largest file the process may write (RLIMIT_FSIZE)."""
+    max_processes: int | None = None
+    """Processes the tree may hold at once (watchdog)."""
+    max_threads: int | None = None
+    """Threads (tasks) the tree may hold at once (watchdog): each takes a pid of the host's."""
 
-    @classmethod
-    def of(cls, settings: Settings, device: str, timed: bool, isolate_network: bool,
-           visible_devices: str | None) -> Plan:
-        env = json.dumps(sorted(environment().items())).encode()
-        return cls(device, timed, isolate_network, visible_devices, settings.judge_memory_mb,
-                   settings.judge_timeout_s, settings.judge_output_limit_bytes, hashlib.sha256(env).hexdigest())
+
+class Tail:
+    """Drains a pipe on a thread, keeping only the last `limit` bytes (a 100 MB print costs nothing)."""
+
+    def __init__(self, stream, limit: int):
+        self.chunks: deque[bytes] = deque()
+        self.size, self.total, self.limit = 0, 0, limit
+        self.thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _drain(self, stream) -> None:
+        while chunk := stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16):
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+            self.total += len(chunk)
+            while self.size - len(self.chunks[0]) >= self.limit and len(self.chunks) > 1:
+                self.size -= len(self.chunks.popleft())
+        stream.close()
+
+    def text(self, wait_s: float = 2.0, max_bytes: int | None = None) -> str:
+        """The kept tail (at most max_bytes of it), marked when earlier output was discarded."""
+        self.thread.join(wait_s)
+        data = b"".join(self.chunks)[-min(self.limit, max_bytes or self.limit):]
+        dropped = self.total - len(data)
+        prefix = f"[... {dropped} earlier bytes discarded ...]\n" if dropped > 0 else ""
+        return prefix + data.decode("utf-8", "replace")
+
+
+@dataclass
+class Child:
+    """A running judge child: its process, captured output and the limits it runs under."""
+
+    name: str
+    popen: subprocess.Popen
+    stdout: Tail
+    stderr: Tail
+    limits: Limits
+    isolation: dict = field(default_factory=dict)
+    sandboxed: bool = False
+    """Started through bwrap, which reports a command killed by signal N as exit code 128 + N."""
 
     @property
-    def names(self) -> list[str]:
-        return ["referee", "candidate"] + (["eager"] if self.timed else [])
+    def pid(self) -> int:
+        return self.popen.pid
 
-
-class Launch:
-    """The started processes of one grading, each waiting for its spec; pipes wired, workdir private."""
-
-    def __init__(self, plan: Plan):
-        self.plan, self.started = plan, time.monotonic()
-        shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-        self.workdir = tempfile.mkdtemp(prefix="mkb-judge-", dir=shm)
-        self.stage = Path(self.workdir, "kernel")
-        self.stage.mkdir()
-        self.pipes: dict[str, tuple] = {}
-        self.children: dict[str, sandbox.Child] = {}
-        for name in plan.names[1:]:
-            self.pipes[name] = (os.pipe(), os.pipe())  # (referee -> child), (child -> referee)
-        ready, go = {name: os.pipe() for name in plan.names}, {name: os.pipe() for name in plan.names}
-        self.ready_fd = {name: w for name, (_, w) in ready.items()}
-        """Each child's end of its readiness pipe (the number it has in the child)."""
-        self.ready = {name: r for name, (r, _) in ready.items()}
-        """The parent's ends of the readiness pipes, open until close()."""
-        self._go = {name: w for name, (_, w) in go.items()}
-        self._go_child = {name: r for name, (r, _) in go.items()}
+    def kill(self) -> None:
+        """Kill the child's whole process group (it leads its own session)."""
         try:
-            self._start("referee", [sys.executable, "-c", "from mkb.judge.referee import main; "
-                                    "from mkb.judge.wire import leave; leave(main())"],
-                        self._referee_fds(), cwd=self.workdir)
-            for name in plan.names[1:]:
-                to_child, from_child = self.pipes[name]
-                self._start(name, [sys.executable, str(_HERE / "child.py")],
-                            (to_child[0], from_child[1], self.ready_fd[name]), cwd=str(self.stage))
-        finally:
-            self._close_child_ends()
-            if len(self.children) < len(plan.names):  # a start failed: leave nothing behind
-                self.close()
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
-    def _referee_fds(self) -> tuple[int, ...]:
-        fds = [self.ready_fd["referee"]]
-        for to_child, from_child in self.pipes.values():
-            fds += [to_child[1], from_child[0]]
-        return tuple(fds)
+    def over_limits(self) -> str | None:
+        """Why the child's process tree must be killed now (memory, processes), or None."""
+        tree = descendants(self.pid)
+        if self.limits.max_processes and len(tree) > self.limits.max_processes:
+            return f"started more than {self.limits.max_processes} processes"
+        if self.limits.max_threads and sum(tree.values()) > self.limits.max_threads:
+            return f"started more than {self.limits.max_threads} threads"
+        if self.limits.memory_mb and sum(rss_mb(p) for p in tree) + self.tmpfs_mb(tree) > self.limits.memory_mb:
+            return f"exceeded the {self.limits.memory_mb} MiB memory limit (resident memory and files in its tmpfs)"
+        return None
 
-    def _start(self, name: str, argv: list[str], fds: tuple[int, ...], cwd: str) -> None:
-        plan, candidate = self.plan, name == "candidate"
-        limits = sandbox.Limits(memory_mb=plan.memory_mb, watch_rss=plan.device == "cuda",
-                                cpu_s=int(plan.timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
-                                file_bytes=(1 << 30) if candidate else None,
-                                isolate_network=candidate and plan.isolate_network)
-        env = _child_env(candidate, self.workdir)
-        if plan.visible_devices is not None:
-            env["CUDA_VISIBLE_DEVICES"] = plan.visible_devices
-        output_limit = plan.output_limit_bytes if candidate else 64 << 20
-        go = self._go_child[name]
-        self.children[name] = sandbox.start(name, [*argv, str(Path(self.workdir, f"{name}.json")), str(go)],
-                                            env=env, cwd=cwd, limits=limits, pass_fds=(*fds, go),
-                                            output_limit=output_limit)
+    def tmpfs_mb(self, tree: dict[int, int]) -> float:
+        """MiB of files in the cell's /tmp and the grading's /dev/shm (RAM that RSS does not show); 0 unsandboxed.
 
-    def _close_child_ends(self) -> None:
-        """The parent keeps no pipe ends the children use: a dead peer then reads as end-of-file."""
-        for to_child, from_child in self.pipes.values():
-            for fd in (*to_child, *from_child):
-                os.close(fd)
-        for fd in (*self.ready_fd.values(), *self._go_child.values()):
-            os.close(fd)
+        Seen through /proc/<pid>/root: the sandbox's monitor (this child) lives in the grading's namespace,
+        its only child (the cell's first process) in the cell's."""
+        cell = next((p for p in tree if p != self.pid), None)
+        if not self.sandboxed or cell is None:
+            return 0.0
+        return (_used_bytes(f"/proc/{cell}/root/tmp") + _used_bytes(f"/proc/{self.pid}/root/dev/shm")) / 2**20
 
-    def alive(self) -> bool:
-        return bool(self.children) and all(c.popen.poll() is None for c in self.children.values())
-
-    def begin(self, specs: dict[str, dict]) -> None:
-        """Write each child's spec and let it go (a child that has died is found by the supervision)."""
-        for name, spec in specs.items():
-            Path(self.workdir, f"{name}.json").write_text(json.dumps(spec))
-        for name in specs:
+    def describe_exit(self) -> str:
+        code = self.popen.returncode
+        if code is None:
+            return "still running"
+        if code < 0 or (self.sandboxed and code > 128):
+            number = -code if code < 0 else code - 128
             try:
-                os.write(self._go[name], b"g")
-            except OSError:  # the child is gone; supervision reports it
-                pass
-            os.close(self._go.pop(name))
-
-    def close(self) -> None:
-        """Kill every process group, reap, close the parent's pipe ends and remove the workdir."""
-        for child in self.children.values():
-            if child.popen.poll() is None:
-                child.kill()
-            child.popen.wait()
-        for child in self.children.values():  # the drain threads close the output pipes at end-of-file
-            child.stdout.thread.join(2.0)
-            child.stderr.thread.join(2.0)
-        for fd in (*self.ready.values(), *self._go.values()):
-            os.close(fd)
-        self.ready.clear()
-        self._go.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+                return f"was killed by {signal.Signals(number).name}"
+            except ValueError:
+                return f"was killed by signal {number}"
+        return f"exited with code {code}"
 
 
-_SPARES: dict[Plan, list[Launch]] = {}
-_IN_FLIGHT: Counter[Plan] = Counter()
-_SPARES_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def launched(plan: Plan, keep_spare: bool) -> Iterator[tuple[Launch, float | None]]:
-    """The Launch for one grading and, when it is a spare, how many seconds ahead it was started.
-
-    With keep_spare, a Launch of this plan is started now for a grading to come, unless as many
-    spares as gradings of this plan in flight are already waiting (concurrent graders of one GPU
-    each find one).
-    """
-    with _SPARES_LOCK:
-        waiting = _SPARES.setdefault(plan, [])
-        spare = waiting.pop(0) if waiting else None
-        _IN_FLIGHT[plan] += 1
-        wanted = keep_spare and len(waiting) < _IN_FLIGHT[plan]
-    try:
-        if spare is not None and not spare.alive():
-            spare.close()
-            spare = None
-        launch = spare or Launch(plan)
-        if wanted:
-            _start_spare(plan)
-        yield launch, (round(time.monotonic() - spare.started, 3) if spare else None)
-    finally:
-        with _SPARES_LOCK:
-            _IN_FLIGHT[plan] -= 1
-
-
-def _start_spare(plan: Plan) -> None:
-    try:
-        launch = Launch(plan)
-    except OSError as exc:  # out of processes or pipes: this grading goes on, a later one starts cold
-        log.warning("could not start spare judge processes: %s", exc)
-        return
-    evicted = []
-    with _SPARES_LOCK:
-        _SPARES.setdefault(plan, []).append(launch)
-        while sum(len(waiting) for waiting in _SPARES.values()) > MAX_SPARES:  # the oldest of other kinds go
-            other = next((p for p, waiting in _SPARES.items() if waiting and p != plan), plan)
-            evicted.append(_SPARES[other].pop(0))
-    for spare in evicted:
-        spare.close()
-
-
-@atexit.register
-def discard_spares() -> None:
-    """Kill every spare (at exit, and for callers that want no processes left behind)."""
-    with _SPARES_LOCK:
-        spares = [launch for waiting in _SPARES.values() for launch in waiting]
-        _SPARES.clear()
-    for spare in spares:
-        spare.close()
-
-
-class Evaluation:
-    """One grading on a Launch: the specs, the supervision and the verdict."""
-
-    def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str,
-                 pin_cpus: bool = False):
-        plan = launch.plan
-        self.launch, self.device, self.start_s = launch, plan.device, None
-        self.children, self.ready = launch.children, launch.ready
-        shutil.copyfile(kernel, launch.stage / "kernel.py")
-        common = {"device": plan.device, "workdir": launch.workdir}
-        r_spec = {**common, "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
-                  "timing": timing if plan.timed else "none", "ready_fd": launch.ready_fd["referee"],
-                  "pin_cpus": pin_cpus}
-        specs = {}
-        for name, prefix in (("candidate", "c"), ("eager", "e")):
-            if name in launch.pipes:
-                (to_child, from_child) = launch.pipes[name]
-                r_spec.update({f"{prefix}_cmd_w": to_child[1], f"{prefix}_reply_r": from_child[0]})
-                specs[name] = {**common, "role": "candidate" if name == "candidate" else "reference",
-                               "dsl": str(dsl), "kernel": str(launch.stage / "kernel.py"),
-                               "problem": problem.path if name == "eager" else None,
-                               "cmd_fd": to_child[0], "reply_fd": from_child[1], "ready_fd": launch.ready_fd[name]}
-        launch.begin({"referee": r_spec, **specs})
-
-    def supervise(self, timeout_s: float, now: Callable[[], float]) -> tuple[dict, dict, str]:
-        """Wait for the verdict under the startup and hard timeouts; kill everything at the end."""
+def descendants(pid: int) -> dict[int, int]:
+    """pid and every process below it, each with its number of threads (from /proc/<pid>/task/<tid>/children;
+    orphans in a PID namespace are adopted by its init, so the tree from the sandbox's monitor holds the
+    whole namespace)."""
+    found, todo = {}, [pid]
+    while todo:
+        p = todo.pop()
         try:
-            started = now()
-            outcome = self._wait_ready(now)
-            self.start_s = round(now() - started, 3)
-            outcome = outcome or self._wait_verdict(timeout_s, now)
-        finally:
-            self.launch.close()
-        return self._verdict(outcome, timeout_s)
-
-    def _wait_ready(self, now) -> str | None:
-        """None once every process is ready, or once the referee has finished: a fast verdict (an import
-        error, say) can come before the eager harness, needed only for timing, has finished starting."""
-        pending, deadline = {r: n for n, r in self.ready.items()}, now() + STARTUP_S
-        while pending and now() < deadline:
-            readable, _, _ = select.select(list(pending), [], [], 0.2)
-            for fd in readable:
-                os.read(fd, 16)
-                del pending[fd]
-            if pending and self.children["referee"].popen.poll() is not None and "referee" not in pending.values():
-                return None
-            if any(c.popen.poll() is not None for c in self.children.values()) and pending:
-                return "startup_died"
-        return "startup_timeout" if pending else None
-
-    def _wait_verdict(self, timeout_s: float, now) -> str:
-        referee, candidate = self.children["referee"], self.children["candidate"]
-        deadline = now() + timeout_s
-        while now() < deadline:
-            try:
-                referee.popen.wait(timeout=0.05)
-            except Exception:  # subprocess.TimeoutExpired: still working
-                if candidate.over_memory():
-                    return "memory"
-                continue
-            try:
-                candidate.popen.wait(timeout=5)
-            except Exception:  # the candidate ignored 'finish'; it is killed below
-                pass
-            return "done"
-        return "timeout"
-
-    def _verdict(self, outcome: str, timeout_s: float) -> tuple[dict, dict, str]:
-        referee, candidate = self.children["referee"], self.children["candidate"]
-        log_tail = candidate.stderr.text(max_bytes=LOG_TAIL_CHARS)
-        details = {"isolation": candidate.isolation, "processes": {n: c.describe_exit() for n, c in self.children.items()},
-                   "candidate_output_bytes": candidate.stderr.total + candidate.stdout.total,
-                   "processes_start_s": self.start_s}
-        verdict = _last_json(referee.stdout.text())
-        reported = _last_json(candidate.stdout.text())
-        if outcome == "timeout":
-            return {"status": Status.TIMEOUT, "message": f"the evaluation exceeded its {timeout_s:g} s limit and was "
-                                                        f"killed"}, details, log_tail
-        if outcome == "memory":
-            return {"status": Status.CRASHED, "message": f"the candidate exceeded the {candidate.limits.memory_mb} MiB "
-                                                        f"memory limit and was killed"}, details, log_tail
-        if outcome.startswith("startup"):
-            return {"status": Status.INFRA_ERROR, "message": f"judge processes failed to start ({outcome}): "
-                    f"{referee.stderr.text()[-500:]} {log_tail[-500:]}"}, details, log_tail
-        if verdict is None:
-            if candidate.popen.returncode not in (0, None):
-                return {"status": Status.CRASHED, "message": f"the candidate process {candidate.describe_exit()}"}, \
-                    details, log_tail
-            return {"status": Status.INFRA_ERROR, "message": f"the referee {referee.describe_exit()} without a "
-                    f"verdict: {referee.stderr.text()[-1500:]}"}, details, log_tail
-        details.update(verdict.pop("details", {}))
-        details.setdefault("candidate", reported)
-        if phase := details.pop("candidate_died", None):
-            verdict["message"] = f"the candidate process {candidate.describe_exit()} during {phase}"
-        if verdict["status"] == Status.INFRA_ERROR:
-            details["referee_log"] = referee.stderr.text()[-4000:]
-        return verdict, details, log_tail
-
-
-def _child_env(candidate: bool, workdir: str) -> dict:
-    env = environment()
-    root = str(_HERE.parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-    if candidate:
-        env = {k: v for k, v in env.items() if not any(m in k.upper() for m in _SECRET_MARKERS)
-               and not k.startswith("MKB_")}
-        env.pop("PYTHONPATH", None)
-        env["TMPDIR"] = workdir
-    return env
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
             continue
-        if isinstance(value, dict):
-            return value
-    return None
+        found[p] = len(tasks)
+        for task in tasks:
+            try:
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def _used_bytes(path: str) -> int:
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return 0
+    return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of one process (shared memory it maps included), in MiB; 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 0.0
+
+
+def _prepare_child(limits: Limits, parent: int) -> None:
+    """Runs in the child between fork and exec: die with the judge, then the limits."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the judge died before the signal was armed
+        os._exit(1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits.memory_mb and limits.address_space:
+        size = limits.memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+    if limits.cpu_s:
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
+    if limits.file_bytes:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+
+
+class _Spawner:
+    """One daemon thread that forks every judge process, so their parent-death signal follows the process."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
+
+    def run(self, job: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+        with self.lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._serve, name="mkb-judge-spawner", daemon=True)
+                self.thread.start()
+        done: Future = Future()
+        self.jobs.put((job, done))
+        return done.result()
+
+    def _serve(self) -> None:
+        while True:
+            job, done = self.jobs.get()
+            try:
+                done.set_result(job())
+            except BaseException as exc:  # handed to the caller, who raises it
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+def start(name: str, argv: list[str], *, env: dict, cwd: str, limits: Limits, pass_fds: tuple[int, ...],
+          output_limit: int, isolation: dict, sandboxed: bool) -> Child:
+    """Start one child in its own session with the given limits; its output is drained and capped."""
+    parent = os.getpid()
+    popen = _SPAWNER.run(lambda: subprocess.Popen(
+        argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        pass_fds=pass_fds, start_new_session=True, preexec_fn=lambda: _prepare_child(limits, parent)))
+    memory = "none"
+    if limits.memory_mb:
+        memory = (f"{limits.memory_mb} MiB: watchdog of the process tree's RSS and its tmpfs files"
+                  + (" and RLIMIT_AS" if limits.address_space else ""))
+    facts = {"session": "own session, process group killed at the end, SIGKILL when the judge dies",
+             "memory": memory, "cpu_s": limits.cpu_s, "file_bytes": limits.file_bytes,
+             "max_processes": limits.max_processes, "max_threads": limits.max_threads,
+             "output_bytes_kept": output_limit, **isolation}
+    return Child(name, popen, Tail(popen.stdout, output_limit), Tail(popen.stderr, output_limit), limits, facts,
+                 sandboxed)

@@ -21,7 +21,9 @@ FORBIDDEN_IMPORTS = {
     "torch._inductor": "torch.compile internals", "torch._dynamo": "torch.compile internals",
     "mkb": "the grader's internals", "problems": "the problem set (reference / make_inputs)",
     "gc": "garbage-collector introspection", "importlib": "dynamic imports", "signal": "signal handling",
-    "inspect": "frame introspection",
+    "inspect": "frame introspection", "runpy": "running other files as code (runpy)",
+    "_socket": "network sockets", "posix": "raw system calls (posix)", "_posixsubprocess": "subprocess",
+    "_ctypes": "ctypes", "_multiprocessing": "multiprocessing",
 }
 FORBIDDEN_ATTRIBUTES = {
     ("torch", "compile"): "torch.compile", ("torch", "jit"): "TorchScript (torch.jit)",

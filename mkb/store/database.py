@@ -227,9 +227,15 @@ class Store:
         return self.select(Trial) if model is None else self.select(Trial, "model = ?", [model])
 
     def skill(self, model: str, trial_id: str) -> Skill | None:
-        """The skill a solo trial's current attempt left, or None."""
-        found = self.select(Skill, "model = ? AND trial_id = ?", [model, trial_id])
+        """The skill a solo trial's current attempt left, or None (an earlier attempt's never counts)."""
+        found = self.current_skills(model, trial_id)
         return found[0] if found else None
+
+    def current_skills(self, model: str, trial_id: str | None = None) -> list[Skill]:
+        """The skills that the current attempts of a model's trials (or of one trial) left."""
+        where = "attempt_id IN (SELECT attempt_id FROM trials WHERE model = ? AND attempt_id IS NOT NULL" + \
+            (" AND trial_id = ?)" if trial_id else ")")
+        return self.select(Skill, f"model = ? AND {where}", [model, model, *([trial_id] if trial_id else [])])
 
     def messages(self, attempt_id: str) -> list[Message]:
         """The transcript of one attempt, in order."""

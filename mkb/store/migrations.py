@@ -120,6 +120,61 @@ def m002_wall_s_is_agent_time(db: duckdb.DuckDBPyConnection) -> None:
                f"WHERE wall_s IS NOT NULL AND queue_s IS NULL AND {by_attempt}", [WALL_S_UNKNOWN])
 
 
+ENDINGS = ("finish", "time", "turns", "tokens", "context", "cancelled", "provider")
+"""The loop's endings (mkb.agent.loop.ENDINGS), as a trial's message starts with them ('time: ...')."""
+
+
+@migration
+def m003_protocol_records(db: duckdb.DuckDBPyConnection) -> None:
+    """What the paper's protocol records besides the verdict (issue #25).
+
+    trials: how the attempt ended (ending, timed_out), the time it was charged and took in all
+    (charged_s, total_s) and had left (time_left_s), context handoffs, cached prompt tokens, where the
+    cost came from, and the final grading's correct draws; attempts: the conditions it ran under;
+    submissions: correct draws. Older rows get what their stored facts give: the ending from the
+    message the trial ended with, correct draws from the judge record; the rest stays NULL.
+    """
+    db.execute("ALTER TABLE trials ADD COLUMN ending VARCHAR")
+    db.execute("ALTER TABLE trials ADD COLUMN timed_out BOOLEAN")
+    for column, kind in (("charged_s", "DOUBLE"), ("total_s", "DOUBLE"), ("time_left_s", "DOUBLE"),
+                         ("n_handoffs", "INTEGER"), ("cached_tokens", "BIGINT"), ("cost_source", "VARCHAR"),
+                         ("n_correct_draws", "INTEGER")):
+        db.execute(f"ALTER TABLE trials ADD COLUMN {column} {kind}")
+    db.execute("ALTER TABLE attempts ADD COLUMN conditions JSON")
+    db.execute("ALTER TABLE submissions ADD COLUMN n_correct_draws INTEGER")
+    db.execute("UPDATE submissions SET n_correct_draws = "
+               "len(list_filter(CAST(json_extract(record, '$.draws[*].ok') AS BOOLEAN[]), lambda ok: ok)) "
+               "WHERE record IS NOT NULL")
+    db.execute("UPDATE trials SET ending = split_part(message, ':', 1) "
+               "WHERE list_contains(?, split_part(message, ':', 1))", [list(ENDINGS)])
+    db.execute("UPDATE trials SET timed_out = (ending = 'time') WHERE ending IS NOT NULL")
+    db.execute("""UPDATE trials SET n_correct_draws = s.n_correct_draws FROM submissions s
+                  WHERE s.attempt_id = trials.attempt_id AND s.kind = 'final'""")
+
+
+@migration
+def m004_skills_by_attempt(db: duckdb.DuckDBPyConnection) -> None:
+    """A skill belongs to the attempt that wrote it [attempt_id], and records its length.
+
+    Keyed by trial, a rerun solo that wrote no SKILL.md left its previous attempt's skill in place
+    for the skill arm to receive (issue #25). Every attempt's skill is kept now; a trial's skill is
+    the one its current attempt wrote (Store.skill). A row without an attempt id takes its trial's
+    current attempt, else a 'legacy:' id that no attempt has.
+    """
+    db.execute("""
+    CREATE TABLE skills_by_attempt (
+        attempt_id VARCHAR PRIMARY KEY, model VARCHAR NOT NULL, trial_id VARCHAR NOT NULL,
+        text VARCHAR NOT NULL, sha256 VARCHAR NOT NULL, n_chars INTEGER, n_words INTEGER,
+        created_at TIMESTAMP NOT NULL)""")
+    db.execute("""
+    INSERT INTO skills_by_attempt
+    SELECT coalesce(s.attempt_id, t.attempt_id, 'legacy:' || s.model || ':' || s.trial_id), s.model, s.trial_id,
+           s.text, s.sha256, length(s.text), len(regexp_extract_all(s.text, '\\S+')), s.created_at
+    FROM skills s LEFT JOIN trials t ON t.model = s.model AND t.trial_id = s.trial_id""")
+    db.execute("DROP TABLE skills")
+    db.execute("ALTER TABLE skills_by_attempt RENAME TO skills")
+
+
 @migration
 def m010_run_owner(db: duckdb.DuckDBPyConnection) -> None:
     """runs.owner_pid and runs.owner_start: with runs.host they name the process that runs a run, so that a

@@ -17,9 +17,9 @@ import secrets
 import torch
 
 from mkb import tensortree as tt
-from mkb.judge import checks, cpus, timing, wire
-from mkb.judge.referee import Failure, Referee
-from mkb.judge import policy
+from mkb.judge.candidate import wire
+from mkb.judge.referee import checks, cpus, policy, timing
+from mkb.judge.referee.verdict import Failure
 from mkb.records import Status
 
 NULL_CALLS = 30
@@ -41,11 +41,10 @@ the H200 reported 0.82-1.31x their device time (profiled calls run a little slow
 from the timed stream shows up here even when it is shorter than the band above."""
 
 
-def _eager(referee: Referee) -> wire.Channel:
-    spec = referee.spec
-    channel = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"])
+def _eager(referee) -> wire.Channel:
+    """The eager harness, its problem loaded (it said hello and passed its preflight before kernel.py was)."""
+    channel = referee.e
     try:
-        channel.recv()
         channel.send({"cmd": "load"})
         loaded = channel.recv()
     except wire.WireError as exc:
@@ -55,8 +54,10 @@ def _eager(referee: Referee) -> wire.Channel:
     return channel
 
 
-def measure(referee: Referee, evidence: policy.Evidence) -> dict:
+def measure(referee, evidence: policy.Evidence) -> dict:
     """kernel_ms, eager_ms, speedup and the timing details; raises Failure for a bad candidate.
+
+    referee is the running referee.Referee (its channels, transport, draws and details).
 
     With the spec's pin_cpus, the referee and the timed harness each run on a physical core of their
     own while timing (cpus.py); details.timing.cpus says where they ran, or why nothing was pinned.
@@ -80,7 +81,7 @@ def _pci_bus_id() -> str | None:
     return bus
 
 
-def _measure(referee: Referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
+def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode = referee.spec["timing"]
     referee.phase = "timing: eager"
     eager = _eager(referee)
@@ -139,7 +140,7 @@ def _measure(referee: Referee, evidence: policy.Evidence, timed_cpu: int | None)
     return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms}
 
 
-def _recheck(referee: Referee, snapshots: dict) -> None:
+def _recheck(referee, snapshots: dict) -> None:
     """Three random timed calls' outputs against the reference of exactly their inputs."""
     for i, (seed, out) in sorted(snapshots.items()):
         ref, anchor = referee.reference(referee.inputs(seed))

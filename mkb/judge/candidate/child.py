@@ -1,11 +1,12 @@
 """The candidate process: import kernel.py, run solve() on the referee's inputs, report what ran.
 
-Run as a script by the judge (never imported by mkb): `python child.py SPEC.json`. It imports the
-standard library, torch, its sibling wire/hooks/guards/trace modules (by path, under private
-names), the kernel (role "candidate") or the problem's reference (role "reference", the trusted
-eager baseline). It never sees the problem file as a candidate, computes no reference and judges
-nothing: it answers the referee's commands over a pipe, and at the end prints exactly one JSON
-line (its observations) on its real stdout, which is set aside before torch is imported.
+Run as a script by the judge inside its sandbox (never imported by mkb): `python child.py GO_FD
+LAUNCH_ID`; the spec arrives on the go pipe. It imports the standard library, torch, its sibling
+wire/hooks/guards/trace modules (by path, under private names, from this folder: the sandbox shows
+no other part of mkb), the kernel (role "candidate") or the problem's reference (role "reference",
+the trusted eager baseline). It never sees the problem file as a candidate, computes no reference
+and judges nothing: it answers the referee's commands over a pipe, and at the end prints exactly
+one JSON line (its observations) on its real stdout, which is set aside before torch is imported.
 """
 
 import os
@@ -123,6 +124,22 @@ class Candidate:
     def _open(self, tree):
         return None if tree is None else wire.decode(tree, lambda leaf: wire.open_leaf(leaf).to(self.device))
 
+    def cmd_preflight(self, msg: dict) -> dict:
+        """Map the referee's probe tensor and event (before kernel.py is imported); answer with an event of ours."""
+        try:
+            probe = self._open(msg["tensor"])
+            reply = {"ok": True}
+            if self.device == "cuda":
+                _current_stream().wait_event(wire.open_event(msg["event"]))
+                mine = _Event(interprocess=True)
+                mine.record()
+                self.events["preflight"] = mine
+                reply["event"] = wire.event_handle(mine)
+            reply["sum"] = float(probe.sum().item())
+            return reply
+        except Exception as exc:  # reported to the referee: the sandbox, not the kernel (none is loaded yet)
+            return _error(exc, "infra_error")
+
     def cmd_solve(self, msg: dict) -> dict:
         try:
             inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
@@ -215,7 +232,8 @@ class Candidate:
         return {"ok": True, **self.observed}
 
     def serve(self) -> None:
-        handlers = {"load": self.cmd_load, "solve": self.cmd_solve, "timing_setup": self.cmd_timing_setup,
+        handlers = {"preflight": self.cmd_preflight, "load": self.cmd_load, "solve": self.cmd_solve,
+                    "timing_setup": self.cmd_timing_setup,
                     "profile": self.cmd_profile, "report": self.cmd_report}
         while True:
             msg = self.channel.recv()

@@ -7,7 +7,7 @@ sibling of the timed thread, or puts other busy work there, that thread runs slo
 run. While timing, the referee claims whole physical cores (every logical CPU of the core), preferring
 the GPU's NUMA-local ones, and pins its own thread and the timed harness's thread to one each.
 
-Claims are advisory file locks under the system's shared-memory directory, so concurrent graders of
+Claims are advisory file locks under the host's temporary directory, so concurrent graders of
 this machine (threads, processes, Ray workers) never pin onto the same core; a lock dies with its
 process. When too few cores are free, or the machine does not say which CPUs are siblings, nothing is
 pinned and the record says so.
@@ -27,8 +27,8 @@ _SYS_PCI = Path("/sys/bus/pci/devices")
 
 
 def lock_dir() -> Path:
-    base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
-    return base / f"mkb-cores-{os.getuid()}"
+    """Where claims are kept: the host's temporary directory (a sandboxed grading's /dev/shm is its own)."""
+    return Path(tempfile.gettempdir()) / f"mkb-cores-{os.getuid()}"
 
 
 def parse_cpulist(text: str | None) -> set[int]:

@@ -1,10 +1,12 @@
 """The trusted referee process: inputs, reference, fp64 anchor, comparisons, policy and clocks.
 
-Run by the judge as `python -m mkb.judge.referee SPEC.json`. It imports the problem, never the
-candidate: it draws inputs from fresh CSPRNG seeds, shares them with the candidate process
-(memory-mapped files on CPU, CUDA IPC on a GPU), has it run solve() and copy its outputs into
-slots the referee owns, and judges those bytes. On a GPU it also times the candidate and the
-eager reference (timing.py). It prints exactly one JSON line: the verdict.
+Started by the judge (launch.py) inside the grading's namespace, with the host's view of the
+files; the harness processes it drives run in sandboxes of their own. It imports the problem,
+never the candidate: it draws inputs from fresh CSPRNG seeds, shares them with the candidate
+process (memory-mapped files on CPU, CUDA IPC on a GPU), has it run solve() and copy its outputs
+into slots the referee owns, and judges those bytes. On a GPU it also times the candidate and the
+eager reference (speed.py). It prints exactly one JSON line: the verdict. Who is charged for a
+failure is decided in verdict.py.
 """
 
 from __future__ import annotations
@@ -26,103 +28,18 @@ import torch  # noqa: E402
 
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
-from mkb.judge import checks, policy, timing, wire  # noqa: E402
+from mkb.judge.candidate import wire  # noqa: E402
+from mkb.judge.referee import checks, policy, preflight, speed, timing  # noqa: E402
+from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
+from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
 
 
-class Failure(Exception):
-    """Grading stops here with this status and message."""
-
-    def __init__(self, status: Status, message: str, **details):
-        super().__init__(message)
-        self.status, self.message, self.details = status, message, details
-
-
-class SharedPool:
-    """The GPU memory the candidate may map: inputs and output slots, allocated from a pool of their own.
-
-    A CUDA IPC handle maps the whole allocation its tensor was carved from, and torch's caching
-    allocator carves many tensors from one allocation: a reference or a pristine copy next to an
-    input in the same segment would be readable and writable by the candidate's kernels. Everything
-    shared is therefore allocated here, and nothing else is.
-    """
-
-    def __init__(self, device: str):
-        self.pool = torch.cuda.MemPool() if device == "cuda" else None
-
-    @contextlib.contextmanager
-    def allocating(self):
-        if self.pool is None:
-            yield
-            return
-        with torch.cuda.use_mem_pool(self.pool):
-            yield
-
-
-class Transport:
-    """Tensors the referee owns and shares: mapped files on CPU, CUDA IPC on a GPU."""
-
-    def __init__(self, device: str, workdir: str):
-        self.device, self.workdir, self.kept = device, workdir, []
-        self.shared = SharedPool(device)
-
-    def share(self, obj: Any, tag: str) -> dict:
-        if self.device == "cpu":
-            return wire.encode(obj, wire.file_share(self.workdir, tag))
-        self.kept.append(obj)
-        return wire.encode(obj, wire.ipc_share)
-
-    def slots(self, like: Any, tag: str) -> tuple[dict, Any]:
-        if self.device == "cpu":
-            tree = wire.encode(like, wire.file_slot(self.workdir, tag))
-            return tree, None
-        with self.shared.allocating():
-            empty = _map(like, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cuda"))
-        self.kept.append(empty)
-        return wire.encode(empty, wire.ipc_share), empty
-
-    def read(self, tree: dict, tensors: Any, place: str = "cpu") -> Any:
-        """A private copy of what shared tensors hold now, on `place` (outside the SharedPool)."""
-        if tensors is None:
-            return wire.decode(tree, wire.read_file_leaf)
-        return _map(tensors, lambda t: t.detach().to(place, copy=True))
-
-    def restore(self, tree: dict, tensors: list, pristine: list, positions: list[int]) -> None:
-        """Put the shared inputs at `positions` back to their pristine bytes (the candidate maps the same memory)."""
-        if not positions:
-            return
-        shared = wire.decode(tree, wire.open_file_leaf) if self.device == "cpu" else tensors
-        for i in positions:
-            shared[i].copy_(pristine[i])
-
-
-KEEP_ON_DEVICE_FRACTION = 0.1
-"""A draw is judged on the GPU while the referee's private copies (reference, anchor, pristine inputs,
-read outputs) take at most this fraction of its memory (14 GB on an H200); the problems' own peaks are
-at most 28 GB there, their fp64 anchors up to 56 GB (p06)."""
-
-
-def keep_on_device(nbytes: int, device_bytes: int) -> bool:
-    """Whether a draw's private copies (nbytes together) stay on the GPU, where it is then judged."""
-    return nbytes <= KEEP_ON_DEVICE_FRACTION * device_bytes
-
-
-def private_bytes(inputs: Any, ref: Any, anchor: Any) -> int:
-    """What judging one draw keeps besides the shared tensors: reference, anchor, read outputs, pristine inputs."""
-    return 2 * tt.nbytes(ref) + tt.nbytes(anchor) + tt.nbytes(inputs)
-
-
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
     """Add to a {name: seconds} tally (phases_s, correctness_s), rounded to milliseconds."""
     spent[name] = round(spent.get(name, 0.0) + seconds, 3)
-
-
-def _map(obj: Any, fn) -> Any:
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map(o, fn) for o in obj)
-    return fn(obj) if isinstance(obj, torch.Tensor) else obj
 
 
 class Referee:
@@ -139,12 +56,16 @@ class Referee:
         """(position, name) of the inputs the problem updates in place (MUTATES); graded after each call."""
         self.factor = float(spec["problem"].get("tolerance_factor", 3.0))
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"])
+        self.e = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"]) if "e_cmd_w" in spec else None
+        """The eager harness (GPU timing only)."""
+        self.kernel_loaded = False
+        """Set when kernel.py starts to import: from then on a failure is charged (verdict.charged)."""
         self.transport = Transport(self.device, spec["workdir"])
         self.details, self.draws = {"seeds": [], "phases_s": {}}, []
         self.place = "cpu"
         """Where draws are judged: their private copies, the comparison, the digests and the input guard."""
         self.like: Any = None
-        """The structure reference returns (shapes and dtypes, on the meta device): the timing slots' model."""
+        """The reference output's structure (shapes and dtypes, on the meta device): the timing slots' model."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -197,8 +118,8 @@ class Referee:
             device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             self.place = "cuda" if keep_on_device(private_bytes(inputs, ref, anchor), device_bytes) else "cpu"
         if self.place == "cuda":
-            return _map(ref, lambda t: t.detach().clone()), _map(anchor, lambda t: t.detach())
-        return _map(ref, lambda t: t.detach().cpu()), _map(anchor, lambda t: t.detach().cpu())
+            return tree_map(ref, lambda t: t.detach().clone()), tree_map(anchor, lambda t: t.detach())
+        return tree_map(ref, lambda t: t.detach().cpu()), tree_map(anchor, lambda t: t.detach().cpu())
 
     def ask(self, message: dict) -> dict:
         self.c.send(message)
@@ -217,15 +138,26 @@ class Referee:
             status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED,
                       "infra_error": Status.INFRA_ERROR}.get(exc.kind, Status.RUNTIME_ERROR)
             return self.verdict(status, f"during timing: {exc}")
+        except Exception as exc:  # a referee bug, or a candidate that found one: see verdict.charged
+            return self.verdict(Status.INFRA_ERROR, f"referee failed: {type(exc).__name__}: {exc}",
+                                traceback=traceback.format_exc()[-4000:])
 
     def _run(self) -> dict:
-        hello = self.c.recv()  # sent before kernel.py is imported: its facts are the harness's own
-        self.details["candidate_startup_s"] = hello.get("startup_s")
-        if self.device == "cuda" and not hello.get("cuda"):
-            raise Failure(Status.INFRA_ERROR, "CUDA is not available inside the candidate's sandbox")
+        harnesses = [("candidate", self.c)] + ([("eager", self.e)] if self.e is not None else [])
+        kept: list = []
+        for name, channel in harnesses:  # hello is sent before kernel.py is imported: the harness's own facts
+            hello = channel.recv()
+            self.details[f"{name}_startup_s"] = hello.get("startup_s")
+            if self.device == "cuda" and not hello.get("cuda"):
+                raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
+            preflight.send(channel, self.transport, self.device, kept)
         self.phase = "import"
+        self.mark_kernel_loading()
         self.c.send({"cmd": "load"})
         upcoming = self.prepare_draw()  # the first draw is made while the candidate imports and compiles
+        for name, channel in harnesses:
+            preflight.check(channel, name, self.device)  # a failure here is infra_error, whatever came after
+        self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
             raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
@@ -254,17 +186,18 @@ class Referee:
         with self.step("reference"):
             ref, anchor = self.reference(inputs)
         with self.step("pristine copy"):
-            pristine = _map(inputs, lambda t: t.detach().to(self.place, copy=True))
+            pristine = tree_map(inputs, lambda t: t.detach().to(self.place, copy=True))
         return seed, inputs, ref, anchor, pristine
 
     def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
-        """Five draws on fresh inputs (the first one already made); stops at the first failure.
+        """Five draws on fresh inputs (the first one already made); stops at the first error, but runs every draw
+        after a wrong answer so that the report can say how many of the five were correct (as the original).
 
         Returns what the knock-out needs: draw 1's answer, its shared inputs (tree and tensors) and pristine copy.
         """
         self.phase = "correctness"
         self.details["dsl_calls"] = []
-        out_digests, ref_digests, first = [], [], None
+        out_digests, ref_digests, first, wrong = [], [], None, None
         for d in range(N_DRAWS):
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve", each="solve_step_s"):
@@ -286,12 +219,15 @@ class Referee:
             if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
                 raise Failure(Status.INCORRECT, stale)
             if not draw.ok:
-                raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
+                wrong = wrong or checks.first_failure(draw, d)
+                continue
             with self.step("input guard"):
                 self.guard_inputs(reply, after, pristine, d)
             if d == 0:
                 first = (out, tree, inputs, pristine)
-                self.like = _map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+                self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        if wrong is not None:
+            raise Failure(Status.INCORRECT, wrong)
         return first
 
     def read_inputs(self, tree: dict, inputs: Any) -> Any:
@@ -365,15 +301,22 @@ class Referee:
         if failed - ({"trace"} if not final else set()):
             raise Failure(Status.POLICY_VIOLATION, policy.dsl_failure_message(str(self.dsl), verdict.checks))
 
-    def time(self, evidence: policy.Evidence) -> dict:
-        from mkb.judge import speed
+    def mark_kernel_loading(self) -> None:
+        """Tell the judge's parent that the candidate's code may run from now on (on the ready pipe it
+        still holds): if this process dies without a verdict after this, the candidate is charged."""
+        try:
+            os.write(self.spec["ready_fd"], b"L")
+        except OSError:  # the parent is gone; the verdict goes nowhere anyway
+            pass
 
+    def time(self, evidence: policy.Evidence) -> dict:
         result = speed.measure(self, evidence)  # it names its own phases, "timing: eager" first
         self.enforce(policy.judge(evidence), final=True)
         return result
 
     def verdict(self, status: Status, message: str, **extra) -> dict:
         self.phase = "verdict"
+        status, message = charged(status, message, self.kernel_loaded)
         details = dict(self.details)
         details.update({k: v for k, v in extra.items() if k not in ("kernel_ms", "eager_ms", "speedup")})
         record = {"status": str(status), "message": message, "draws": [d.model_dump() for d in self.draws],
@@ -383,27 +326,17 @@ class Referee:
         return record
 
 
-def _finite(obj: Any) -> Any:
-    """The verdict with NaN/Inf replaced by None (the line is strict JSON)."""
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return wire.finite(obj) if isinstance(obj, float) else obj
-
-
 def main() -> int:
     spec = wire.await_spec(sys.argv)
     if spec is None:  # a spare the judge did not need
         return 0
     os.write(spec["ready_fd"], b"ready")
-    os.close(spec["ready_fd"])
     try:
         verdict = Referee(spec).run()
-    except Exception as exc:  # a bug or broken problem here is infrastructure trouble, never the model's
+    except Exception as exc:  # before the kernel is loaded (a broken problem, say): the judge's trouble
         verdict = {"status": str(Status.INFRA_ERROR), "message": f"referee failed: {type(exc).__name__}: {exc}",
                    "details": {"traceback": traceback.format_exc()[-4000:]}}
-    os.write(_REAL_STDOUT, (json.dumps(_finite(verdict), allow_nan=False, default=str) + "\n").encode())
+    os.write(_REAL_STDOUT, (json.dumps(finite(verdict), allow_nan=False, default=str) + "\n").encode())
     try:
         wire.Channel(spec["c_reply_r"], spec["c_cmd_w"]).send({"cmd": "finish"})
     except wire.WireError:

@@ -23,18 +23,16 @@ MAX_MESSAGE_BYTES = 64 << 20
 
 
 def await_spec(argv: list[str]) -> dict | None:
-    """The spec of a judge process started ahead of its grading (argv: SPEC_PATH GO_FD).
+    """The spec of a judge process started ahead of its grading (argv[1]: the go pipe's fd).
 
-    Blocks until the judge writes the spec and sends one byte on the go pipe; None when the pipe
-    closes first (the judge discarded this spare or exited).
+    Blocks until the judge has written the spec (JSON) on the go pipe and closed it; None when the
+    pipe closes with nothing written (the judge discarded this spare, or died).
     """
-    path, go = argv[1], int(argv[2])
-    signal = os.read(go, 1)  # retried by Python when a signal interrupts it
+    go, chunks = int(argv[1]), []
+    while chunk := os.read(go, 1 << 16):  # retried by Python when a signal interrupts it
+        chunks.append(chunk)
     os.close(go)
-    if not signal:
-        return None
-    with open(path) as fh:
-        return json.load(fh)
+    return json.loads(b"".join(chunks)) if chunks else None
 
 
 def leave(code: int) -> None:

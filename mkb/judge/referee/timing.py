@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from mkb.judge import wire
+from mkb.judge.candidate import wire
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30

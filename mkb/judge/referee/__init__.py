@@ -1,0 +1,1 @@
+"""The trusted referee process: draws, references, comparisons, policy, timing (imports torch)."""
