@@ -38,7 +38,7 @@ class GroupNorm:
         warp = tidx // 32
         gX = cute.zipped_divide(mX[row, None], (VEC,))
         gO = cute.zipped_divide(mO[row, None], (VEC,))
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         red1 = smem.allocate_tensor(Float32, cute.make_layout(WARPS))
         red2 = smem.allocate_tensor(Float32, cute.make_layout(WARPS))
         r = cute.make_rmem_tensor((VEC, self.iters), Float32)
