@@ -129,12 +129,13 @@ class Candidate:
         try:
             probe = self._open(msg["tensor"])
             reply = {"ok": True}
-            if self.device == "cuda":
-                _current_stream().wait_event(wire.open_event(msg["event"]))
-                mine = _Event(interprocess=True)
+            if self.device == "cuda":  # the referee's signal, then ours
+                theirs, mine = wire.signals(msg["signals"])
+                theirs.wait_next()
+                reply["sum"] = float(probe.sum().item())
                 mine.record()
-                self.events["preflight"] = mine
-                reply["event"] = wire.event_handle(mine)
+                _sync()
+                return reply
             reply["sum"] = float(probe.sum().item())
             return reply
         except Exception as exc:  # reported to the referee: the sandbox, not the kernel (none is loaded yet)
@@ -175,19 +176,14 @@ class Candidate:
                 pass
         self.pool = [self._open(tree) for tree in msg["pool"]]
         self.slots = self._open(msg["slots"])
-        self.events = {"a": wire.open_event(msg["event_a"])}
-        for name in ("b", "b2"):
-            self.events[name] = _Event(interprocess=True)
-            self.events[name].record()
-        self.sync()
+        self.events = dict(zip(("a", "b", "b2"), wire.signals(msg["signals"])))
         self.channel.spin = True
-        return {"ok": True, "event_b": wire.event_handle(self.events["b"]),
-                "event_b2": wire.event_handle(self.events["b2"])}
+        return {"ok": True}
 
     def cmd_timed(self, msg: dict) -> None:
         """One bracketed call: wait for the referee's start event, solve, record B, report twice."""
         stream = _current_stream()
-        stream.wait_event(self.events["a"])
+        self.events["a"].wait_next(stream)
         start, end = _Event(enable_timing=True), _Event(enable_timing=True)
         start.record()
         out = None
@@ -204,6 +200,7 @@ class Candidate:
         self.channel.send({"ok": True, "launched": msg["k"]})
         _sync()
         self.events["b2"].record(stream)
+        _sync()  # B2 written before "synced": the referee's waits then find both signals already given
         self.channel.send({"ok": True, "synced": msg["k"]})
         copied = msg.get("null") or guards.copy_into(self.slots, out)
         _sync()

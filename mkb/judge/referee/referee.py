@@ -145,18 +145,19 @@ class Referee:
     def _run(self) -> dict:
         harnesses = [("candidate", self.c)] + ([("eager", self.e)] if self.e is not None else [])
         kept: list = []
+        signals = {}
         for name, channel in harnesses:  # hello is sent before kernel.py is imported: the harness's own facts
             hello = channel.recv()
             self.details[f"{name}_startup_s"] = hello.get("startup_s")
             if self.device == "cuda" and not hello.get("cuda"):
                 raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
-            preflight.send(channel, self.transport, self.device, kept)
+            signals[name] = preflight.send(channel, self.transport, self.device, kept)
         self.phase = "import"
         self.mark_kernel_loading()
         self.c.send({"cmd": "load"})
         upcoming = self.prepare_draw()  # the first draw is made while the candidate imports and compiles
         for name, channel in harnesses:
-            preflight.check(channel, name, self.device)  # a failure here is infra_error, whatever came after
+            preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error, whatever came after
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):

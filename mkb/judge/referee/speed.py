@@ -81,6 +81,11 @@ def _pci_bus_id() -> str | None:
     return bus
 
 
+def _signals(referee, tag: str) -> tuple[dict, torch.Tensor]:
+    """A bracket's three signal slots, from the shared pool (the harness maps and writes them)."""
+    return referee.transport.slots(torch.zeros(3, dtype=torch.int32), tag)
+
+
 def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode = referee.spec["timing"]
     referee.phase = "timing: eager"
@@ -92,7 +97,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     flush = timing.flush_buffer() if mode == "flushed" else None
     try:
         e_slots, _ = referee.transport.slots(like, "te")
-        e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
+        e_bracket = timing.Bracket(eager, pool, e_slots, _signals(referee, "se"), cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
         floor = timing.in_process_null_ms()
         clocks_before = timing.clocks()
@@ -103,7 +108,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     referee.phase = "timing: kernel"
     c_slot_tree, c_slots = referee.transport.slots(like, "tc")
-    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, cpu=timed_cpu)
+    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, _signals(referee, "sc"), cpu=timed_cpu)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 

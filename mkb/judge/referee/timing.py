@@ -2,9 +2,12 @@
 
 Threat model. The candidate process can replace any Python or torch function it can reach, so
 no clock inside it is trusted. The referee (a separate process that never imports the candidate)
-owns the clocks: per call it records a timing event T0 and an interprocess event A on its own
+owns the clocks: per call it records a timing event T0 and an interprocess signal A on its own
 stream, then tells the candidate to go. The candidate's stream waits on A, runs solve(), records
-the interprocess event B and says "launched"; the referee's stream waits on B and records T1.
+the interprocess signal B and says "launched"; once it says its device is idle again ("synced"),
+the referee's stream waits on B and records T1.
+(Signals are wire.Signal: a count in shared device memory, since CUDA IPC events do not open
+inside the sandbox's cells.)
 T1 - T0 is the call's time on the GPU's own clock, which a monkeypatched timer cannot touch.
 The candidate then synchronises its device and records B2; the referee's T2 after B2 measures
 the tail: work that was still running after B (unjoined side streams) shows up there. Both
@@ -24,6 +27,7 @@ import secrets
 import shutil
 import statistics
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -88,40 +92,67 @@ def pool_size(set_bytes: int) -> int:
 
 
 class Bracket:
-    """The referee's side of the per-call event bracket with one harness process."""
+    """The referee's side of the per-call bracket with one harness process (signals: wire.Signal)."""
 
-    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict, cpu: int | None = None):
+    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict, signals: tuple[dict, torch.Tensor],
+                 cpu: int | None = None):
+        """Args:
+            signals: three int32 slots from the shared pool, as transport.slots() gives them: A (the referee's
+                start), B (the harness launched the call) and B2 (the harness's device is idle again).
+        """
         self.channel, self.pool = channel, pool
         self.stream = torch.cuda.Stream()
-        self.a = torch.cuda.Event(interprocess=True)
-        with torch.cuda.stream(self.stream):
-            self.a.record()
-        torch.cuda.synchronize()
-        reply = _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots,
-                                   "event_a": wire.event_handle(self.a), "cpu": cpu})
-        self.b, self.b2 = wire.open_event(reply["event_b"]), wire.open_event(reply["event_b2"])
+        tree, slots_tensor = signals
+        self.a, self.b, self.b2 = (wire.Signal(slots_tensor[i:i + 1]) for i in range(3))
+        _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots, "signals": tree, "cpu": cpu})
         channel.spin = True
         self.t = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
 
     def call(self, k: int, set_index: int, null: bool = False, flush: torch.Tensor | None = None) -> dict:
         """One bracketed call; returns ms (T1-T0), tail_ms (T2-T1) and the harness's own figure."""
         torch.cuda.synchronize()
-        with torch.cuda.stream(self.stream):
-            if flush is not None:
-                flush.zero_()
-            self.t[0].record()
-            self.a.record()
-        self.channel.send({"cmd": "timed", "k": k, "set": set_index, "null": null})
-        _expect(self.channel.recv(), "launched")
-        self.stream.wait_event(self.b)
-        self.t[1].record(self.stream)
-        _expect(self.channel.recv(), "synced")
-        self.stream.wait_event(self.b2)
-        self.t[2].record(self.stream)
-        done = _expect(self.channel.recv(), "done")
-        self.t[2].synchronize()
+        try:
+            with torch.cuda.stream(self.stream):
+                if flush is not None:
+                    flush.zero_()
+                self.t[0].record()
+                self.a.record(self.stream)
+            self.channel.send({"cmd": "timed", "k": k, "set": set_index, "null": null})
+            _expect(self.channel.recv(), "launched")
+            # The stream waits are queued once the harness's device is idle ("synced"): a stream wait on a signal
+            # not yet written costs ~0.3 ms more on the H200 (measured 2026-12-03), one already written costs
+            # nothing. So T1 lands just after B, late by the host's path from the harness's synchronise to
+            # here, which the null calls (the same path) calibrate away; work left on side streams lands
+            # inside T1, where the band check against the in-process figure sees it.
+            _expect(self.channel.recv(), "synced")
+            self.b.wait_next(self.stream)
+            self.t[1].record(self.stream)
+            self.b2.wait_next(self.stream)
+            self.t[2].record(self.stream)
+            done = _expect(self.channel.recv(), "done")
+            settle(self.t[2], CALL_LIMIT_S, "the harness said its call was done but never signalled it")
+        except BaseException:
+            self.release()  # a harness that failed or lied mid-call leaves no wait of ours blocked
+            raise
         return {"ms": self.t[0].elapsed_time(self.t[1]), "tail_ms": self.t[1].elapsed_time(self.t[2]),
                 "self_ms": done.get("self_ms"), "copied": bool(done.get("copied"))}
+
+    def release(self) -> None:
+        for signal in (self.b, self.b2):
+            signal.release()
+
+
+CALL_LIMIT_S = 120.0
+"""How long the referee waits for a harness's signal once the harness said it was given."""
+
+
+def settle(event: torch.cuda.Event, limit_s: float, why: str) -> None:
+    """Wait for event on the host, at most limit_s (a wait on a signal that never comes would block forever)."""
+    deadline = time.monotonic() + limit_s
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise TimingError(f"{why} within {limit_s:.0f} s", "timeout")
+        time.sleep(0)
 
 
 def _request(channel: wire.Channel, message: dict) -> dict:
