@@ -95,3 +95,26 @@ def m002_wall_s_is_agent_time(db: duckdb.DuckDBPyConnection) -> None:
                f"WHERE wall_s IS NOT NULL AND queue_s IS NOT NULL AND {by_attempt}")
     db.execute(f"UPDATE trials SET wall_s = NULL, message = concat_ws(' ', message, ?) "
                f"WHERE wall_s IS NOT NULL AND queue_s IS NULL AND {by_attempt}", [WALL_S_UNKNOWN])
+
+
+@migration
+def m030_eager_baselines(db: duckdb.DuckDBPyConnection) -> None:
+    """eager_baselines: the eager reference's time per problem, GPU model and environment fingerprint (issue #27)."""
+    db.execute("""
+    CREATE TABLE eager_baselines (
+        fingerprint VARCHAR PRIMARY KEY, problem_id VARCHAR NOT NULL, gpu VARCHAR NOT NULL, timing VARCHAR NOT NULL,
+        scale VARCHAR NOT NULL, fingerprint_parts JSON, eager_ms DOUBLE NOT NULL, eager_device_ms DOUBLE,
+        processes INTEGER NOT NULL, summary VARCHAR NOT NULL, eager_ms_each JSON, measured_by VARCHAR,
+        created_at TIMESTAMP NOT NULL)""")
+
+
+@migration
+def m031_noise_floors(db: duckdb.DuckDBPyConnection) -> None:
+    """noise_floors: the spread of repeated final gradings of one variant, written by mkb calibrate (issue #27)."""
+    db.execute("""
+    CREATE TABLE noise_floors (
+        problem_id VARCHAR NOT NULL, dsl VARCHAR NOT NULL, gpu VARCHAR NOT NULL, timing VARCHAR NOT NULL,
+        kernel VARCHAR NOT NULL, kernel_sha256 VARCHAR NOT NULL, repeats INTEGER NOT NULL,
+        processes INTEGER NOT NULL, summary VARCHAR NOT NULL, speedups JSON, kernel_ms_each JSON,
+        spread DOUBLE NOT NULL, created_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (problem_id, dsl, gpu, timing))""")
