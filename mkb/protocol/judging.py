@@ -21,6 +21,10 @@ from mkb.store import EagerBaseline, Store, now
 from mkb.store.baselines import find_baseline, keep_baseline
 
 
+ANY = "any"
+"""The slot of a grading not pinned to a GPU (the judge's processes see what this process sees)."""
+
+
 def as_baseline(row: EagerBaseline) -> robust.Baseline:
     """A stored baseline as the judge takes it."""
     return robust.Baseline(eager_ms=row.eager_ms, fingerprint=row.fingerprint, eager_device_ms=row.eager_device_ms,
@@ -50,17 +54,26 @@ class Judging:
     """Fresh processes per final grading (None: the settings' judge_final_processes)."""
     summary: str | None = None
     """min or median (None: the settings' judge_final_summary)."""
+    scale: str | None = None
+    """Problem scale (None: the device's: full on a GPU, smoke on the CPU)."""
+    timeout_s: float | None = None
+    """Limit of each grading (None: the settings' judge_timeout_s)."""
 
-    def _gpu(self, slot: str) -> str:
+    @property
+    def _scale(self) -> str:
+        return self.scale or self.device.scale
+
+    def gpu(self, slot: str) -> str:
+        """The GPU model a slot (a GPU index) names; the device's name on the CPU."""
         by_index = {str(g["index"]): g["name"] for g in self.device.gpus}
         return by_index.get(slot.split(",")[0], self.device.name)
 
     def _pin(self, slot: str) -> dict:
-        return {} if slot == "cpu" else {"visible_devices": slot}
+        return {} if slot in ("cpu", ANY) else {"visible_devices": slot}
 
     def stored(self, problem: ProblemInfo, slot: str) -> tuple[robust.Baseline | None, str, dict]:
         """The baseline stored for this problem on this slot's GPU model (or None), its fingerprint and parts."""
-        fingerprint, parts = baseline_fingerprint(problem, self._gpu(slot), self.timing, self.device.scale)
+        fingerprint, parts = baseline_fingerprint(problem, self.gpu(slot), self.timing, self._scale)
         if self.device.kind != "cuda" or self.store is None:
             return None, fingerprint, parts
         row = find_baseline(self.store, fingerprint)
@@ -70,7 +83,7 @@ class Judging:
         """One grading in one set of fresh processes, against the stored baseline when there is one."""
         baseline, _, _ = self.stored(problem, device_slot)
         return grade(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing, settings=self.settings,
-                     scale=self.device.scale, baseline=baseline, **self._pin(device_slot))
+                     scale=self._scale, timeout_s=self.timeout_s, baseline=baseline, **self._pin(device_slot))
 
     def final(self, problem: ProblemInfo, kernel_path: str, dsl, device_slot: str = "cpu",
               measured_by: str = "") -> JudgeRecord:
@@ -78,7 +91,7 @@ class Judging:
         one stored wins: the record is then compared with that one)."""
         baseline, _, parts = self.stored(problem, device_slot)
         record = grade_final(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing,
-                             settings=self.settings, scale=self.device.scale, gpu=parts["gpu"],
+                             settings=self.settings, scale=self._scale, timeout_s=self.timeout_s, gpu=parts["gpu"],
                              processes=self.processes or self.settings.judge_final_processes,
                              summary=self.summary or self.settings.judge_final_summary, baseline=baseline,
                              **self._pin(device_slot))
