@@ -58,6 +58,10 @@ class Judging:
     """Problem scale (None: the device's: full on a GPU, smoke on the CPU)."""
     timeout_s: float | None = None
     """Limit of each grading (None: the settings' judge_timeout_s)."""
+    grade_one: Callable[..., JudgeRecord] = grade
+    """The judge's single grading (mkb.judge.grade); tests hand in another."""
+    grade_several: Callable[..., JudgeRecord] = grade_final
+    """The judge's final grading (mkb.judge.grade_final); tests hand in another."""
 
     @property
     def _scale(self) -> str:
@@ -82,19 +86,20 @@ class Judging:
     def feedback(self, problem: ProblemInfo, kernel_path: str, dsl, device_slot: str = "cpu") -> JudgeRecord:
         """One grading in one set of fresh processes, against the stored baseline when there is one."""
         baseline, _, _ = self.stored(problem, device_slot)
-        return grade(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing, settings=self.settings,
-                     scale=self._scale, timeout_s=self.timeout_s, baseline=baseline, **self._pin(device_slot))
+        return self.grade_one(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing,
+                              settings=self.settings, scale=self._scale, timeout_s=self.timeout_s, baseline=baseline,
+                              **self._pin(device_slot))
 
     def final(self, problem: ProblemInfo, kernel_path: str, dsl, device_slot: str = "cpu",
               measured_by: str = "") -> JudgeRecord:
         """The attempt's result: grade_final over fresh processes; a baseline it measured is stored (the first
         one stored wins: the record is then compared with that one)."""
         baseline, _, parts = self.stored(problem, device_slot)
-        record = grade_final(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing,
-                             settings=self.settings, scale=self._scale, timeout_s=self.timeout_s, gpu=parts["gpu"],
-                             processes=self.processes or self.settings.judge_final_processes,
-                             summary=self.summary or self.settings.judge_final_summary, baseline=baseline,
-                             **self._pin(device_slot))
+        record = self.grade_several(problem, kernel_path, dsl, device=self.device.kind, timing=self.timing,
+                                    settings=self.settings, scale=self._scale, timeout_s=self.timeout_s,
+                                    gpu=parts["gpu"], processes=self.processes or self.settings.judge_final_processes,
+                                    summary=self.summary or self.settings.judge_final_summary, baseline=baseline,
+                                    **self._pin(device_slot))
         measured = robust.measured_baseline(record)
         if measured is None or self.store is None or self.device.kind != "cuda":
             return record
