@@ -127,13 +127,13 @@ class Evaluation:
             return "done"
         return "timeout"
 
-    def _stop_candidate(self, now) -> None:
+    def _stop_candidate(self, now, grace_s: float = STOP_GRACE_S) -> None:
         """The referee asked for the candidate's end: let it exit, kill what is left, tell the referee when no
         process of the candidate remains (on the control pipe, one JSON line)."""
         candidate, started = self.children["candidate"], now()
         tree = set(processes.descendants(candidate.pid))
         try:
-            candidate.popen.wait(timeout=STOP_GRACE_S)
+            candidate.popen.wait(timeout=grace_s)
         except Exception:  # subprocess.TimeoutExpired: it did not exit when told to finish
             pass
         by_itself = candidate.popen.poll() is not None
