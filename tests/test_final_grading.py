@@ -364,3 +364,16 @@ def test_regrade_keeps_the_result_when_the_judge_fails(tmp_path):
         [done] = regrade.regrade(load_settings(home=tmp_path), store, lambda *a: infra, None, None, {}, "test")
         assert not done.applied and store.trials() == [before]
         assert len([s for s in store.submissions(before.attempt_id) if s.kind == "final"]) == 1
+
+
+def test_calibrate_on_a_machine_without_a_gpu_says_so_in_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    for args in (["calibrate", "p25:cutedsl"], ["calibrate", "p99"], ["calibrate", "p25:metal"]):
+        result = CliRunner().invoke(main, ["--home", str(tmp_path), "--db", str(tmp_path / "c.duckdb"), *args])
+        assert result.exit_code == 1 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr.count("\n") <= 2 and result.stderr.startswith("Error: ")
+    assert "needs a CUDA GPU" in CliRunner().invoke(main, ["--db", str(tmp_path / "c.duckdb"), "calibrate",
+                                                           "p25:cutedsl"]).stderr

@@ -85,7 +85,8 @@ def calibrate(ctx, variants, dsls, repeats, processes, summary, timing, db, json
 
 
 @click.command(name="regrade")
-@click.option("--models", multiple=True, help="Models whose trials to regrade, comma-separated or repeated (default all).")
+@click.option("--models", multiple=True,
+              help="Models whose trials to regrade, comma-separated or repeated (default all).")
 @click.option("--problems", multiple=True, help="Problem ids, comma-separated or repeated (default all).")
 @final_options
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,

@@ -42,7 +42,8 @@ class Regraded:
 
     def row(self) -> dict:
         return {"model": self.model, "trial": self.trial_id, "applied": self.applied,
-                **{f"{k}_before": v for k, v in self.before.items()}, **{f"{k}_after": v for k, v in self.after.items()}}
+                **{f"{k}_before": v for k, v in self.before.items()},
+                **{f"{k}_after": v for k, v in self.after.items()}}
 
 
 def _figures(record: JudgeRecord | dict) -> dict:

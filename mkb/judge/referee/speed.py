@@ -114,14 +114,16 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     eager_fig = timing.summarize(eager_runs, null) if eager_runs else None
     _cross_check(kernel, profile)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    device_ms = _per_call_ms(profile, "device_us")
+    eager_device_ms = _per_call_ms(eager_profile, "device_us") if eager_profile else None
     referee.details.update(
         timing={"mode": mode, "method": METHOD, "kernel": kernel, "eager": eager_fig, "null": null,
                 "in_process_null": timing.in_process_null_ms(), "pool_sets": pool.size,
+                "device_ms": device_ms, "eager_device_ms": eager_device_ms,
                 "eager_source": "timed in this grading" if timed_eager else "stored",
                 "rechecked_calls": [i + 1 for i in picks],
                 "profile_error": None if profile.get("ok") else profile.get("error")},
-        clocks={"before": clocks_before, "after": clocks_after}, device_ms=_per_call_ms(profile, "device_us"),
-        eager_device_ms=_per_call_ms(eager_profile, "device_us") if eager_profile else None,
+        clocks={"before": clocks_before, "after": clocks_after}, device_ms=device_ms, eager_device_ms=eager_device_ms,
         gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
              "l2_bytes": getattr(props, "L2_cache_size", None)},
         solve_calls=timing.WARMUP + timing.TIMED + 2 + len(referee.draws) + timing.PROFILED)

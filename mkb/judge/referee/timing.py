@@ -35,7 +35,7 @@ from mkb.judge.candidate import wire
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
 """Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call but a
-set's very first (a warm-up call of the eager harness) gets its set refilled with new random content
+set's very first (a warm-up call of the candidate, timed first) gets its set refilled with new random content
 right before it is sent, so nothing can be precomputed for a timed call, e.g. by a thread working
 through the pool, and no call sees inputs that an earlier call updated in place (MUTATES)."""
 
