@@ -20,7 +20,6 @@ os.dup2(2, 1)
 import contextlib  # noqa: E402
 import json  # noqa: E402
 import secrets  # noqa: E402
-import select  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from typing import Any  # noqa: E402
@@ -30,14 +29,12 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import wire  # noqa: E402
-from mkb.judge.referee import checks, policy, preflight, speed, timing  # noqa: E402
+from mkb.judge.referee import checks, policy, preflight, speed, stop, timing  # noqa: E402
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
-STOP_WAIT_S = 60.0
-"""How long the referee waits for the parent to confirm that the candidate's processes have ended."""
 
 
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
@@ -302,27 +299,9 @@ class Referee:
         if failed - ({"trace"} if not final else set()):
             raise Failure(Status.POLICY_VIOLATION, policy.dsl_failure_message(str(self.dsl), verdict.checks))
 
-    def stop_candidate(self, wait_s: float = STOP_WAIT_S) -> dict:
-        """End the candidate's processes and wait until the judge's parent confirms they are gone.
-
-        The candidate is told to finish (it prints its observations and exits); then the parent, asked
-        on the readiness pipe ("S"), waits briefly for it, kills its process group, and answers on the
-        control pipe once none of the candidate's processes is left (a process's CUDA context dies with
-        it). Returns the parent's account: whether it exited by itself, was killed, how long it took.
-        """
-        try:
-            self.c.send({"cmd": "finish"})
-        except wire.WireError:  # already gone
-            pass
-        try:
-            os.write(self.spec["ready_fd"], b"S")
-        except OSError:
-            raise Failure(Status.INFRA_ERROR, "the judge is gone: it cannot end the candidate's processes") from None
-        reply = _read_line(self.spec["control_fd"], wait_s)
-        if reply is None:
-            raise Failure(Status.INFRA_ERROR, f"the judge did not confirm within {wait_s:g} s that the candidate's "
-                                              f"processes ended")
-        return reply
+    def stop_candidate(self) -> dict:
+        """End the candidate's processes, confirmed by the judge's parent (stop.py); the parent's account."""
+        return stop.end_candidate(self.c, self.spec["ready_fd"], self.spec["control_fd"])
 
     def mark_kernel_loading(self) -> None:
         """Tell the judge's parent that the candidate's code may run from now on (on the ready pipe it
@@ -347,24 +326,6 @@ class Referee:
         if status == Status.PASSED:
             record.update({k: extra[k] for k in ("kernel_ms", "eager_ms", "speedup") if k in extra})
         return record
-
-
-def _read_line(fd: int, wait_s: float) -> dict | None:
-    """One JSON line from the parent on the control pipe, or None on timeout or end of file."""
-    data, deadline = b"", time.monotonic() + wait_s
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            return None
-        data += chunk
-    try:
-        value = json.loads(data)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def main() -> int:
