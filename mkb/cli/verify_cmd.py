@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, settings_from
-from mkb.records import DSLS
+from mkb.cli import console, db_option, exit_on_infra_errors, settings_from
+from mkb.records import DSLS, Status
 
 
 @click.command(name="verify")
@@ -25,15 +25,17 @@ from mkb.records import DSLS
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Hard limit in seconds (default: the setting).")
 @click.option("--scale", type=click.Choice(["full", "smoke"]), default="full", show_default=True,
               help="Problem size: smoke is the tiny CPU-test workload.")
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="Store the record in this results database.")
 @click.option("--final", is_flag=True,
               help="Grade as an attempt's result is graded: in several fresh processes, against the eager baseline "
                    "stored in --db when there is one (and storing the one it measures there).")
 @click.option("--processes", type=click.IntRange(1), default=None,
               help="With --final: fresh processes (default: the judge_final_processes setting, 5).")
+@db_option
 @click.pass_context
-def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, db, final, processes):
-    """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 1 otherwise.
+def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, final, processes):
+    """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 3 on infra_error, else 1.
+
+    With --db (or MKB_DB) the judge record is also stored in that database.
 
     Example:
 
@@ -46,7 +48,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
     from mkb.problems import catalog_for, resolve
 
     # one grading: nothing to start ahead; a final grading's next processes start while one runs
-    settings = settings_from(ctx, db=db, judge_spares=1 if final else 0, device=device)
+    settings = settings_from(ctx, judge_spares=1 if final else 0, device=device)
     prepare_host()
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     store = None
@@ -67,6 +69,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
         click.echo(json.dumps(record.model_dump(mode="json"), allow_nan=False))
     else:
         _show(record)
+    exit_on_infra_errors(record.status == Status.INFRA_ERROR, "grading")
     sys.exit(0 if record.passed else 1)
 
 

@@ -192,13 +192,14 @@ class Referee:
         return seed, inputs, ref, anchor, pristine
 
     def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
-        """Five draws on fresh inputs (the first one already made); stops at the first failure.
+        """Five draws on fresh inputs (the first one already made); stops at the first error, but runs every draw
+        after a wrong answer so that the report can say how many of the five were correct (as the original).
 
         Returns what the knock-out needs: draw 1's answer, its shared inputs (tree and tensors) and pristine copy.
         """
         self.phase = "correctness"
         self.details["dsl_calls"] = []
-        out_digests, ref_digests, first = [], [], None
+        out_digests, ref_digests, first, wrong = [], [], None, None
         for d in range(N_DRAWS):
             seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
             with self.step("solve", each="solve_step_s"):
@@ -220,12 +221,15 @@ class Referee:
             if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
                 raise Failure(Status.INCORRECT, stale)
             if not draw.ok:
-                raise Failure(Status.INCORRECT, checks.first_failure(draw, d))
+                wrong = wrong or checks.first_failure(draw, d)
+                continue
             with self.step("input guard"):
                 self.guard_inputs(reply, after, pristine, d)
             if d == 0:
                 first = (out, tree, inputs, pristine)
                 self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        if wrong is not None:
+            raise Failure(Status.INCORRECT, wrong)
         return first
 
     def read_inputs(self, tree: dict, inputs: Any) -> Any:
