@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from mkb.cli import command_line, console, emit, output_options, settings_from
+from mkb.cli import (command_line, comma_separated, console, db_option, emit, exit_on_infra_errors, output_options,
+                     settings_from)
 from mkb.errors import MkbError
 from mkb.judge.robust import SUMMARIES
 from mkb.records import DSLS
@@ -26,11 +27,11 @@ def final_options(fn):
                         help="Fresh processes per final grading (default: the judge_final_processes setting, 5).")(fn)
 
 
-def _judging(ctx, db, device, timing, processes, summary, store):
+def _judging(ctx, device, timing, processes, summary, store):
     from mkb.environment import resolve_device
     from mkb.protocol.judging import Judging
 
-    settings = settings_from(ctx, db=db, device=device, judge_spares=1)
+    settings = settings_from(ctx, device=device, judge_spares=1)
     return settings, Judging(settings, resolve_device(settings), store, timing=timing, processes=processes,
                              summary=summary)
 
@@ -41,10 +42,10 @@ def _judging(ctx, db, device, timing, processes, summary, store):
               help="DSLs of the variants that name none (default both).")
 @click.option("--repeats", type=click.IntRange(2), default=3, show_default=True, help="Final gradings per variant.")
 @final_options
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @output_options
 @click.pass_context
-def calibrate(ctx, variants, dsls, repeats, processes, summary, timing, db, json_=False, csv_=False):
+def calibrate(ctx, variants, dsls, repeats, processes, summary, timing, json_=False, csv_=False):
     """Grade kernels REPEATS times in the final-grading mode; store each variant's spread as its noise floor.
 
     VARIANTS are p25 (both shipped solutions), p25:cutedsl or p25:cutedsl:path/kernel.py; none means every
@@ -62,14 +63,14 @@ def calibrate(ctx, variants, dsls, repeats, processes, summary, timing, db, json
     from mkb.protocol import calibrate as calibration
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     found = calibration.variants(settings, list(variants), list(dsls))
     if not found:
         raise MkbError("nothing to calibrate: no shipped solutions found. Name variants, e.g. p28:tirx:kernel.py.")
     prepare_host()
     rows = []
     with Store(settings.db_path) as store:
-        settings, judging = _judging(ctx, db, None, timing, processes, summary, store)
+        settings, judging = _judging(ctx, None, timing, processes, summary, store)
         if judging.device.kind != "cuda":
             raise MkbError("mkb calibrate times kernels and needs a CUDA GPU; none is visible here.")
         slot = judging.device.slots[0]
@@ -85,17 +86,18 @@ def calibrate(ctx, variants, dsls, repeats, processes, summary, timing, db, json
 
 
 @click.command(name="regrade")
-@click.option("--models", multiple=True,
+@click.option("--models", multiple=True, callback=comma_separated(),
               help="Models whose trials to regrade, comma-separated or repeated (default all).")
-@click.option("--problems", multiple=True, help="Problem ids, comma-separated or repeated (default all).")
+@click.option("--problems", multiple=True, callback=comma_separated(),
+              help="Problem ids, comma-separated or repeated (default all).")
 @final_options
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default=None,
               help="Where the judge runs (default: the device setting; cpu grades at smoke scale, for tests).")
 @click.option("--dry-run", is_flag=True, help="List the trials that would be regraded and stop.")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @output_options
 @click.pass_context
-def regrade(ctx, models, problems, processes, summary, timing, device, dry_run, db, json_=False, csv_=False):
+def regrade(ctx, models, problems, processes, summary, timing, device, dry_run, json_=False, csv_=False):
     """Grade the final kernels of finished trials again in the final-grading mode; no agent runs again.
 
     Each trial's last final kernel is graded in several fresh processes against the stored eager baseline;
@@ -114,10 +116,10 @@ def regrade(ctx, models, problems, processes, summary, timing, device, dry_run, 
     from mkb.protocol import regrade as regrading
     from mkb.store import Store
 
-    base = settings_from(ctx, db=db)
-    names = [n.strip() for v in models for n in v.split(",") if n.strip()] or None
+    base = settings_from(ctx)
+    names = list(models) or None
     catalog = catalog_for(base.problems_dir)
-    ids = [resolve(n.strip(), catalog).id for v in problems for n in v.split(",") if n.strip()] or None
+    ids = [resolve(n, catalog).id for n in problems] or None
     if dry_run:  # read-only: a dry run never migrates or writes the file
         with Store(base.db_path, read_only=True) as store:
             chosen = regrading.targets(store, names, ids)
@@ -126,7 +128,7 @@ def regrade(ctx, models, problems, processes, summary, timing, device, dry_run, 
         return
     with Store(base.db_path) as store:
         prepare_host()
-        settings, judging = _judging(ctx, db, device, timing, processes, summary, store)
+        settings, judging = _judging(ctx, device, timing, processes, summary, store)
         slot = judging.device.slots[0]
         params = {"processes": judging.processes or settings.judge_final_processes,
                   "summary": judging.summary or settings.judge_final_summary, "timing": timing,
@@ -139,6 +141,7 @@ def regrade(ctx, models, problems, processes, summary, timing, device, dry_run, 
         done = regrading.regrade(settings, store, lambda p, path, dsl: judging.final(p, path, dsl, device_slot=slot),
                                  names, ids, params, command_line(ctx), on_trial=show)
     emit([d.row() for d in done], json_, csv_, title=f"{len(done)} trials regraded", columns=REGRADE_COLUMNS)
+    exit_on_infra_errors(sum(str(d.after["status"]) == "infra_error" for d in done), "regrading")
 
 
 def register(main):

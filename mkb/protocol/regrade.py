@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mkb.agent.feedback import n_correct
 from mkb.environment import describe
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, resolve
@@ -116,7 +117,8 @@ def _apply(store: Store, trial: Trial, final: StoredSubmission, record: JudgeRec
     store.add(StoredSubmission(attempt_id=trial.attempt_id, n=n, kind="final", status=record.status,
                                speedup=record.speedup, kernel_ms=record.kernel_ms, eager_ms=record.eager_ms,
                                kernel_sha256=hashlib.sha256(final.kernel_source.encode()).hexdigest(),
-                               kernel_source=final.kernel_source, queue_s=0.0, record=data, created_at=now()))
-    store.put(trial.model_copy(update={"status": record.status, "speedup": record.speedup,
-                                       "kernel_ms": record.kernel_ms, "eager_ms": record.eager_ms}))
+                               kernel_source=final.kernel_source, queue_s=0.0, n_correct_draws=n_correct(record),
+                               record=data, created_at=now()))
+    store.put(trial.model_copy(update={"status": record.status, "speedup": record.speedup, "kernel_ms": record.kernel_ms,
+                                       "eager_ms": record.eager_ms, "n_correct_draws": n_correct(record)}))
     return Regraded(trial.model, trial.trial_id, before, after, applied=True)
