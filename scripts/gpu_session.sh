@@ -19,7 +19,8 @@
 #   calibrate  mkb calibrate on CAL_VARIANTS (default "p25:cutedsl p19:tirx p28:cutedsl p01:tirx"), CAL_REPEATS (3)
 #              final gradings each of CAL_PROCESSES (default the setting, 5) fresh processes: floors and eager
 #              baselines into mkb-h200.duckdb (resumed like reference)  -> calibrate_h200.json
-#   regrade    mkb regrade of the oracle's final kernels in mkb-h200.duckdb (REGRADE_PROBLEMS=p19,p25 for a slice),
+#   regrade    mkb regrade of the oracle's final kernels in mkb-h200.duckdb (REGRADE_PROBLEMS=p19,p25 for a slice,
+#              REGRADE_PROCESSES=3 for fewer processes per final grading),
 #              in the final-grading mode, reusing calibrate's baselines -> regrade_h200.json, mkb-h200.duckdb
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
@@ -87,6 +88,7 @@ for stage in "$@"; do
         log "calibrate exit $?" ;;
     regrade) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" regrade --models reference ${REGRADE_PROBLEMS:+--problems "$REGRADE_PROBLEMS"} \
+          ${REGRADE_PROCESSES:+--processes "$REGRADE_PROCESSES"} \
           --json > "$OUT/regrade_h200.json" 2>> "$OUT/session.log"
         log "regrade exit $?" ;;
     reference) resume_db
