@@ -35,9 +35,9 @@ def bench():
                    "--final: paper).")
 @click.option("--final", "final", is_flag=True,
               help="Final-grading mode: each grading in several fresh processes against one eager baseline.")
-@click.option("--variant", "variant_specs", multiple=True,
-              help="With --final: variants to bench instead of PROBLEM_ID KERNEL, repeatable: p25 (both shipped "
-                   "solutions), p25:cutedsl, or p25:cutedsl:path/kernel.py.")
+@click.option("--variant", "variant_specs", multiple=True, callback=comma_separated(),
+              help="With --final: variants to bench instead of PROBLEM_ID KERNEL, repeated or comma-separated: p25 "
+                   "(both shipped solutions), p25:cutedsl, or p25:cutedsl:path/kernel.py.")
 @click.option("--processes", type=click.IntRange(1), default=None,
               help="With --final: fresh processes per grading (default: the judge_final_processes setting).")
 @output_options

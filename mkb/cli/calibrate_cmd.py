@@ -38,8 +38,8 @@ def _judging(ctx, device, timing, processes, summary, store):
 
 @click.command(name="calibrate")
 @click.argument("variants", nargs=-1)
-@click.option("--dsl", "dsls", multiple=True, type=click.Choice([str(d) for d in DSLS]),
-              help="DSLs of the variants that name none (default both).")
+@click.option("--dsl", "dsls", multiple=True, callback=comma_separated([str(d) for d in DSLS]),
+              help="DSLs of the variants that name none, repeated or comma-separated (default both).")
 @click.option("--repeats", type=click.IntRange(2), default=3, show_default=True, help="Final gradings per variant.")
 @final_options
 @db_option
