@@ -488,5 +488,6 @@ def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_pa
     assert texts[4].startswith("error: read_file failed: loop: Too many levels of symbolic links")
     assert texts[5].startswith("error: write_file failed: loop: Too many levels of symbolic links")
     assert all(str(tmp_path) not in t for t in texts), texts
-    # a kernel.py that is a symlink loop is named as such and never graded: the attempt ends normally
-    assert (result.state, judge.sources) == ("finished", [])
+    # a kernel.py that is a symlink loop cannot be read: the final grading is an import_error saying so, without
+    # the judge (feedback.precheck); the attempt ends normally, charged
+    assert (result.state, result.status, judge.sources) == ("finished", Status.IMPORT_ERROR, [])
