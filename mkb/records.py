@@ -260,9 +260,10 @@ class JudgeRecord(Record):
     draws: list[Draw] = []
     """Correctness draws, in order."""
     kernel_ms: float | None = None
-    """Median of the timed solve() calls (CUDA events); None unless passed on a GPU."""
+    """Median of the timed solve() calls (CUDA events around solve() and a host synchronisation, the original
+    grader's window); a final grading's is the smallest of its processes' medians. None unless passed on a GPU."""
     eager_ms: float | None = None
-    """Median of the timed reference calls, same procedure and judge run."""
+    """Median of the timed reference calls, same procedure: the stored baseline, or timed in this grading."""
     speedup: float | None = None
     """eager_ms / kernel_ms."""
     dsl_check: Check = Check.NOT_CHECKED

@@ -52,6 +52,10 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     judge_tmpfs_mb: int = 4096
     """Size of each of a grading's tmpfs (the candidate's /tmp, the grading's /dev/shm), MiB; at most judge_memory_mb."""
+    judge_final_processes: int = Field(default=5, ge=1)
+    """Fresh sets of judge processes an attempt's final grading runs in (feedback gradings run in one)."""
+    judge_final_summary: Literal["min", "median"] = "min"
+    """How a final grading summarises its processes' medians: min (default) or median."""
     judge_unsafe_no_sandbox: bool = False
     """UNSAFE: when no OS sandbox can start, grade in plain processes that see the host (else infra_error)."""
     base_url: str | None = None

@@ -9,9 +9,9 @@ stage installs a staged one):
 1. CUDA IPC between a referee-like producer in the grading's namespace and a consumer started the
    way the judge starts a harness, in four set-ups: plain processes; the judge's cell (its own
    user, PID, network and IPC namespaces, the grading's /dev/shm); the same cell with a /dev/shm of
-   its own; the cell without its own IPC namespace. For each: a memory handle mapped without
-   torch's event, with it, the producer's interprocess event opened in the consumer, and the
-   consumer's event opened in the producer.
+   its own; the cell without its own IPC namespace. For each: a memory handle mapped (no event), the
+   producer's signal (wire.Signal) seen by the consumer's stream and the consumer's by the
+   producer's, and (for the record only) whether a CUDA IPC event handle opens there.
 2. Every tests/kernels/attack_*.py graded on the GPU as a CuTe DSL and as a TIRx kernel: a status
    other than passed (torch-only kernels are policy violations on a GPU), none of the canaries or
    the solution's text in the record, no process or working directory left afterwards.
@@ -34,23 +34,29 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 PRODUCER = r"""
-import json, sys, torch
+import base64, json, sys, time, torch
 sys.path.insert(0, sys.argv[1])
 import wire
 t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
-a = torch.cuda.Event(interprocess=True); a.record(); torch.cuda.synchronize()
-print(json.dumps({"leaf": wire.ipc_share(t), "event": wire.event_handle(a)}), flush=True)
-reply = json.loads(sys.stdin.readline())
-result = {"consumer": reply}
+flags = torch.zeros(2, dtype=torch.int32, device="cuda")
+ours, theirs = wire.Signal(flags[0:1]), wire.Signal(flags[1:2])
+ours.record()
+event = torch.cuda.Event(interprocess=True); event.record(); torch.cuda.synchronize()
+print(json.dumps({"leaf": wire.ipc_share(t), "signals": wire.encode(flags, wire.ipc_share),
+                  "event": base64.b64encode(bytes(event.ipc_handle())).decode()}), flush=True)
+result = {"consumer": json.loads(sys.stdin.readline())}
 try:
-    b = wire.open_event(reply["event"]); torch.cuda.current_stream().wait_event(b); torch.cuda.synchronize()
-    result["consumer_event_opened_by_producer"] = "ok"
+    theirs.wait_next(); done = torch.cuda.Event(); done.record(); deadline = time.monotonic() + 10
+    while not done.query():
+        if time.monotonic() > deadline:
+            theirs.release(); raise TimeoutError("the consumer's signal never came")
+    result["consumer_signal_seen_by_producer"] = "ok"
 except Exception as exc:
-    result["consumer_event_opened_by_producer"] = f"{type(exc).__name__}: {exc}"
+    result["consumer_signal_seen_by_producer"] = f"{type(exc).__name__}: {exc}"[:300]
 print(json.dumps(result), flush=True)
 """
 CONSUMER = r"""
-import json, sys, torch
+import base64, json, sys, torch
 sys.path.insert(0, sys.argv[1])
 import wire
 offer, out = json.loads(sys.stdin.readline()), {}
@@ -59,13 +65,15 @@ def step(name, fn):
         out[name] = fn()
     except Exception as exc:
         out[name] = f"{type(exc).__name__}: {exc}"[:300]
-step("memory_without_event", lambda: float(wire.open_ipc_leaf({**offer["leaf"], "event": "", "event_sync": False}).sum().item()))
-step("memory_with_torch_event", lambda: float(wire.open_ipc_leaf(offer["leaf"]).sum().item()))
-def producer_event():
-    torch.cuda.current_stream().wait_event(wire.open_event(offer["event"])); torch.cuda.synchronize(); return "ok"
-step("producer_event_opened", producer_event)
-mine = torch.cuda.Event(interprocess=True); mine.record(); torch.cuda.synchronize()
-out["event"] = wire.event_handle(mine)
+step("memory", lambda: float(wire.open_ipc_leaf(offer["leaf"]).sum().item()))
+def signals():
+    producer, mine = wire.signals(offer["signals"])
+    producer.wait_next(); torch.cuda.synchronize(); mine.record(); torch.cuda.synchronize(); return "ok"
+step("producer_signal_seen", signals)
+def event():  # what the judge no longer uses: recorded for docs/judge.md
+    e = torch.cuda.Event.from_ipc_handle(0, base64.b64decode(offer["event"]))
+    torch.cuda.current_stream().wait_event(e); torch.cuda.synchronize(); return "ok"
+step("cuda_ipc_event_opened", event)
 print(json.dumps(out), flush=True)
 sys.stdin.readline()
 """
@@ -114,7 +122,7 @@ def _exchange(found, view, name: str) -> dict:
         consumer.stdin.write(offer)
         consumer.stdin.flush()
         reply = consumer.stdout.readline()
-        producer.stdin.write(reply or json.dumps({"event": None}) + "\n")
+        producer.stdin.write(reply or "{}\n")
         producer.stdin.flush()
         result = json.loads(producer.stdout.readline() or "{}")
         consumer.stdin.write("\n")
@@ -123,7 +131,6 @@ def _exchange(found, view, name: str) -> dict:
     finally:
         producer.kill()
         producer.wait()
-    result.get("consumer", {}).pop("event", None)
     return result
 
 
@@ -176,8 +183,8 @@ def main() -> int:
     print(json.dumps(out["ipc"], indent=1), file=sys.stderr, flush=True)
     judge_cell = out["ipc"].get("judge cell", {})
     steps = judge_cell.get("consumer", {})
-    ok = (judge_cell.get("consumer_event_opened_by_producer") == "ok" and steps.get("producer_event_opened") == "ok"
-          and steps.get("memory_with_torch_event") == EXPECTED_SUM)
+    ok = (judge_cell.get("consumer_signal_seen_by_producer") == "ok" and steps.get("producer_signal_seen") == "ok"
+          and steps.get("memory") == EXPECTED_SUM)
     Path(args.out).write_text(json.dumps(out, indent=1, default=str))
     if not args.only_ipc:
         out["attacks"] = attacks()

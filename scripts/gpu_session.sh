@@ -14,7 +14,14 @@
 #              fixtures graded on the GPU                             -> judge_records.json (JUDGE_ONLY=pytest -k expression)
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
 #              (BENCH_MODES="paper" for one mode, BENCH_TAG=x to suffix the file names;
-#              BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py")
+#              BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py";
+#              BENCH_FINAL=1 for the final-grading mode)
+#   calibrate  mkb calibrate on CAL_VARIANTS (default "p25:cutedsl p19:tirx p28:cutedsl p01:tirx"), CAL_REPEATS (3)
+#              final gradings each of CAL_PROCESSES (default the setting, 5) fresh processes: floors and eager
+#              baselines into mkb-h200.duckdb (resumed like reference)  -> calibrate_h200.json
+#   regrade    mkb regrade of the oracle's final kernels in mkb-h200.duckdb (REGRADE_PROBLEMS=p19,p25 for a slice,
+#              REGRADE_PROCESSES=3 for fewer processes per final grading),
+#              in the final-grading mode, reusing calibrate's baselines -> regrade_h200.json, mkb-h200.duckdb
 #   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
@@ -70,10 +77,20 @@ for stage in "$@"; do
     bench) for case in ${BENCH_CASES:-p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py}; do
           IFS=: read -r problem dsl kernel <<< "$case"
           $PY -m mkb bench judge "$problem" "$kernel" --dsl "$dsl" --repeats "${BENCH_REPEATS:-5}" --json \
-            ${BENCH_MODES:+$(printf -- '--mode %s ' $BENCH_MODES)} \
+            ${BENCH_MODES:+$(printf -- '--mode %s ' $BENCH_MODES)} ${BENCH_FINAL:+--final} \
             > "$OUT/bench_judge_${problem}_${dsl}${BENCH_TAG:+_$BENCH_TAG}.json" 2>> "$OUT/session.log"
           log "bench $case exit $?"
         done ;;
+    calibrate) resume_db
+        $PY -m mkb --db "$OUT/mkb-h200.duckdb" calibrate ${CAL_VARIANTS:-p25:cutedsl p19:tirx p28:cutedsl p01:tirx} \
+          --repeats "${CAL_REPEATS:-3}" ${CAL_PROCESSES:+--processes "$CAL_PROCESSES"} --json \
+          > "$OUT/calibrate_h200.json" 2>> "$OUT/session.log"
+        log "calibrate exit $?" ;;
+    regrade) resume_db
+        $PY -m mkb --db "$OUT/mkb-h200.duckdb" regrade --models reference ${REGRADE_PROBLEMS:+--problems "$REGRADE_PROBLEMS"} \
+          ${REGRADE_PROCESSES:+--processes "$REGRADE_PROCESSES"} \
+          --json > "$OUT/regrade_h200.json" 2>> "$OUT/session.log"
+        log "regrade exit $?" ;;
     reference) resume_db
         $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;

@@ -261,7 +261,7 @@ def test_retries_stop_at_the_retry_budget_as_infra_error(run, llm_server, retry_
                                                (0.5, 0.5)])
 def test_a_retry_after_header_is_never_trusted_blindly(run, llm_server, retry_after, wait):
     config = parse_model_spec("openai/gpt-x", llm_server.base_url, retry_s=300)
-    result, _, sleeps, _ = run([error(429, retry_after=retry_after), reply(calls=[call("finish", {})])], config=config)
+    result, _, sleeps, _ = run([error(429, retry_after=retry_after), *FINISH], config=config)
     assert result.state == "finished" and sleeps == [wait]
 
 
@@ -480,7 +480,7 @@ def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_pa
              call("write_file", {"path": "kernel.py/inner.py", "content": "x"}),
              call("bash", {"command": "ln -s loop loop && rm kernel.py && ln -s kernel.py kernel.py && echo made"}),
              call("read_file", {"path": "loop"}), call("write_file", {"path": "loop", "content": "x"})]
-    result, transcript, _, judge = run([reply(calls=calls), reply(calls=[call("finish", {})])])
+    result, transcript, _, judge = run([reply(calls=calls), *FINISH])
     texts = tool_results(transcript)
     assert texts[0].startswith("error: read_file failed: missing.py: No such file or directory")
     assert texts[1].startswith("error: read_file failed: docs/../absent/x.txt: No such file or directory")
@@ -488,5 +488,6 @@ def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_pa
     assert texts[4].startswith("error: read_file failed: loop: Too many levels of symbolic links")
     assert texts[5].startswith("error: write_file failed: loop: Too many levels of symbolic links")
     assert all(str(tmp_path) not in t for t in texts), texts
-    # a kernel.py that is a symlink loop is graded as an empty file: the attempt ends normally, charged
-    assert (result.state, judge.sources) == ("finished", [""])
+    # a kernel.py that is a symlink loop cannot be read: the final grading is an import_error saying so, without
+    # the judge (feedback.precheck); the attempt ends normally, charged
+    assert (result.state, result.status, judge.sources) == ("finished", Status.IMPORT_ERROR, [])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from attempt_kit import FINISH
 from scripted_server import Hold, call, reply
 
 from mkb.records import Arm, State
@@ -120,8 +121,7 @@ def test_a_killed_run_is_interrupted_when_the_next_one_opens_the_database(comman
     with Store(db, read_only=True) as store:  # what kill -9 leaves
         assert [r["state"] for r in store.rows("SELECT state FROM attempts")] == ["running"]
 
-    llm_server.script([reply(calls=[call("write_file", {"path": "kernel.py", "content": KERNEL})]),
-                       reply(calls=[call("finish", {})])])
+    llm_server.script([reply(calls=[call("write_file", {"path": "kernel.py", "content": KERNEL})]), *FINISH])
     second = subprocess.run(_mkb(db, *args), capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
     assert "marked interrupted" in " ".join(second.stderr.split())

@@ -54,3 +54,31 @@ def test_graded_on_the_gpu(fixture, scale, timing, catalog, gpu_records):
     assert record.status == expected, f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
     if fixture in VALID:
         assert record.kernel_ms > 0 and record.eager_ms > 0 and record.dsl_check == Check.PASSED
+        kernel, eager = record.details["timing"]["kernel"], record.details["timing"]["eager"]
+        assert kernel["sync_ms"] == record.kernel_ms and eager["sync_ms"] == record.eager_ms  # the original's window
+        assert kernel["self_reported_ms"] <= kernel["sync_ms"]  # the window that stops at solve()'s return
+        assert record.details["device_ms"] > 0 and record.details["eager_device_ms"] > 0
+        assert record.details["candidate_stop"]["left"] == 0  # ended before the eager reference was timed
+        assert record.details["grading"]["mode"] == "single"
+
+
+@pytest.mark.gpu
+def test_a_final_grading_measures_a_baseline_that_a_later_grading_reuses(catalog, gpu_records):
+    """Two fresh processes summarised, the eager baseline measured by them; handed to the next grading, no eager
+    call is made there and its speedup is against that baseline."""
+    from mkb.judge import grade_final, robust
+
+    problem, kernel = resolve("p28", catalog), KERNELS / "gpu_cutedsl_p28.py"
+    final = grade_final(problem, kernel, "cutedsl", device="cuda", processes=2, gpu="this GPU")
+    gpu_records("judge_records", {"fixture": "gpu_cutedsl_p28", "scale": "full", "timing": "paper",
+                                  "expected": "passed", "hack": "final grading, 2 processes",
+                                  "record": final.model_dump(mode="json")})
+    assert final.status == Status.PASSED, final.message
+    grading = final.details["grading"]
+    assert grading["processes"] == 2 and final.kernel_ms == min(p["kernel_ms"] for p in grading["per_process"])
+    baseline = robust.measured_baseline(final)
+    assert baseline.processes == 2 and baseline.eager_ms == min(baseline.eager_ms_each)
+    again = grade(problem, kernel, "cutedsl", device="cuda", baseline=baseline)
+    assert again.status == Status.PASSED and again.eager_ms == baseline.eager_ms
+    assert again.details["timing"]["eager"] is None and again.details["timing"]["eager_source"] == "stored"
+    assert again.speedup == baseline.eager_ms / again.kernel_ms

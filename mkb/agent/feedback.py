@@ -7,11 +7,11 @@ kernel's own frames and the libraries it called (the judge's frames and paths ar
 
 from __future__ import annotations
 
-import ast
 import re
 from collections.abc import Callable
 
 from mkb.agent.conditions import KERNEL_BYTE_LIMIT
+from mkb.pyparse import parse
 from mkb.records import JudgeRecord, Status
 
 N_DRAWS = 5
@@ -38,7 +38,7 @@ def precheck(source: str) -> str | None:
     if size > KERNEL_BYTE_LIMIT:
         return f"kernel.py is {size} bytes, over the {KERNEL_BYTE_LIMIT}-byte limit"
     try:
-        ast.parse(source, "kernel.py")
+        parse(source, "kernel.py")
     except SyntaxError as exc:
         return f"kernel.py does not parse: {exc.msg} (line {exc.lineno})"
     except (ValueError, RecursionError, MemoryError) as exc:

@@ -77,7 +77,8 @@ class ToolResult:
 
 
 Grade = Callable[[str], Any]
-"""grade(kernel_path) -> JudgeRecord, or an object with .record and .queue_s (time queued for a GPU)."""
+"""grade(kernel_path) -> JudgeRecord, or an object with .record and .queue_s (time queued for a GPU). When it
+has a `final` attribute (protocol.judging.Grader), grade.final(kernel_path) grades the attempt's result."""
 
 
 class Toolbox:
@@ -192,7 +193,8 @@ class Toolbox:
             path = Path(self._staging.name) / f"{n:02d}" / "kernel.py"
             path.parent.mkdir()
             path.write_text(source, encoding="utf-8")
-            outcome = self.grade(str(path))
+            grader = getattr(self.grade, "final", self.grade) if kind == "final" else self.grade
+            outcome = grader(str(path))
             record, queue_s = (outcome, float(outcome.details.get("queue_s") or 0.0)) \
                 if isinstance(outcome, JudgeRecord) else (outcome.record, float(outcome.queue_s or 0.0))
         self.clock.pause(queue_s, queued=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from mkb.analysis import metrics
 from mkb.analysis.params import DEFAULT, Params
@@ -88,7 +88,11 @@ class Cell:
     r: float | None
     """v_skill / v_base (1 if the skill trial was skipped); None unless complete."""
     outcome: str | None
-    """help / neutral / harm; None unless complete."""
+    """help / neutral / harm at the paper's delta; None unless complete."""
+    floor_delta: float | None
+    """max(delta, the problem's noise floor from mkb calibrate); None unless complete."""
+    outcome_floor: str | None
+    """help / neutral / harm at floor_delta; None unless complete."""
     standing: str | None
     """above / same / below (source tier vs base tier); None unless complete with a counted source."""
     source_verdict: str | None
@@ -107,6 +111,11 @@ class Results:
     """Every cell with at least one trial, complete or not."""
     usage: tuple[dict, ...]
     """Rows of the arm_usage view (per model and arm)."""
+    floors: dict[str, float] = field(default_factory=dict)
+    """Noise floor per calibrated problem (problem_floors view, paper timing); empty when none is recorded."""
+    device_cells: tuple[Cell, ...] = ()
+    """The cells scored again with device time (eager device ms / kernel device ms, profiler), for the report's
+    appendix; a cell whose base or skill grading lacks device times is incomplete there."""
 
     @property
     def counted(self) -> tuple[Attempt, ...]:
@@ -130,8 +139,9 @@ def _value(passed: bool | None, speedup: float | None, params: Params) -> float:
                                  params.fail_value)
 
 
-def score_cell(row: dict, params: Params = DEFAULT) -> Cell:
-    """Score one row of the cells view: tiers, values, paired ratio, outcome, standing."""
+def score_cell(row: dict, params: Params = DEFAULT, floor: float | None = None) -> Cell:
+    """Score one row of the cells view: tiers, values, paired ratio, outcome (at delta and at max(delta, floor)),
+    standing."""
     source_tier = _tier(row["source_passed"], row["source_speedup"], row["source_counted"], params)
     base_tier = _tier(row["base_passed"], row["base_speedup"], row["base_counted"], params)
     skill_tier = None if row["skill_skipped"] else _tier(row["skill_passed"], row["skill_speedup"],
@@ -139,16 +149,19 @@ def score_cell(row: dict, params: Params = DEFAULT) -> Cell:
     v_base = _value(row["base_passed"], row["base_speedup"], params) if row["base_counted"] else None
     v_skill = (_value(row["skill_passed"], row["skill_speedup"], params)
                if row["skill_counted"] and not row["skill_skipped"] else None)
-    r = outcome = standing = None
+    r = outcome = standing = floor_delta = outcome_floor = None
     if row["complete"]:
         r = metrics.paired_ratio(math.nan if v_skill is None else v_skill, v_base, row["skill_skipped"])
         outcome = str(metrics.outcome(r, params.delta))
+        floor_delta = metrics.floor_delta(params.delta, floor)
+        outcome_floor = str(metrics.outcome(r, floor_delta))
         if source_tier is not None:
             standing = str(metrics.standing(source_tier, base_tier))
     names = {f.name for f in fields(Cell)}
     return Cell(**{k: v for k, v in row.items() if k in names},
                 source_tier=source_tier, base_tier=base_tier, skill_tier=skill_tier, v_base=v_base,
-                v_skill=v_skill, r=r, outcome=outcome, standing=standing,
+                v_skill=v_skill, r=r, outcome=outcome, floor_delta=floor_delta, outcome_floor=outcome_floor,
+                standing=standing,
                 source_verdict=(("passed" if row["source_passed"] else "failed")
                                 if row["source_counted"] else None))
 
@@ -169,7 +182,8 @@ def _where(models: list[str] | None) -> tuple[str, list]:
 
 
 def load_results(store: Store, models: list[str] | None = None, params: Params = DEFAULT) -> Results:
-    """Read the views for the selected models (None: all) and score every cell."""
+    """Read the views for the selected models (None: all) and score every cell, on the wall clock and on the
+    device clock (the appendix)."""
     selected = [m for m in available_models(store) if models is None or m.name in models]
     where, args = _where(models)
     attempt_names = {f.name for f in fields(Attempt)}
@@ -177,7 +191,26 @@ def load_results(store: Store, models: list[str] | None = None, params: Params =
         Attempt(**{k: v for k, v in row.items() if k in attempt_names})
         for row in store.rows(f"SELECT * FROM trial_outcomes {where} ORDER BY model, problem_id, "
                               f"replicate, arm", args))
-    cells = tuple(score_cell(row, params) for row in store.rows(
-        f"SELECT * FROM cells {where} ORDER BY model, problem_id, direction, replicate", args))
+    floors = {r["problem_id"]: float(r["floor"]) for r in store.rows(
+        "SELECT problem_id, floor FROM problem_floors WHERE timing = 'paper' ORDER BY problem_id")}
+    rows = store.rows(f"SELECT * FROM cells {where} ORDER BY model, problem_id, direction, replicate", args)
+    cells = tuple(score_cell(row, params, floors.get(row["problem_id"])) for row in rows)
+    device = {(r["model"], r["trial_id"]): r["device_speedup"] for r in store.rows(
+        f"SELECT model, trial_id, device_speedup FROM final_gradings {where}", args)}
+    device_cells = tuple(score_cell(on_device(row, device), params, floors.get(row["problem_id"])) for row in rows)
     usage = tuple(store.rows(f"SELECT * FROM arm_usage {where} ORDER BY model, arm", args))
-    return Results(params=params, models=tuple(selected), attempts=attempts, cells=cells, usage=usage)
+    return Results(params=params, models=tuple(selected), attempts=attempts, cells=cells, usage=usage,
+                   floors=floors, device_cells=device_cells)
+
+
+def on_device(row: dict, device_speedups: dict[tuple[str, str], float | None]) -> dict:
+    """A cells-view row with each passed trial's speedup replaced by its device-time speedup; a passed trial
+    without one is not counted (its cell is then incomplete)."""
+    row = dict(row)
+    for role in ("source", "base", "skill"):
+        if row[f"{role}_counted"] and row[f"{role}_passed"]:
+            speedup = device_speedups.get((row["model"], row[f"{role}_trial_id"]))
+            row[f"{role}_speedup"] = speedup
+            row[f"{role}_counted"] = speedup is not None
+    row["complete"] = row["base_counted"] and row["skill_counted"]
+    return row

@@ -107,26 +107,28 @@ class Intervals:
 NO_INTERVALS = Intervals((math.nan, math.nan), (math.nan, math.nan), (math.nan, math.nan))
 
 
-def paired_bootstrap(problem_ids: Sequence[str], ratios: Sequence[float], delta: float, samples: int,
-                     seed: int | list[int], confidence: float) -> Intervals:
+def paired_bootstrap(problem_ids: Sequence[str], ratios: Sequence[float], delta: float | Sequence[float],
+                     samples: int, seed: int | list[int], confidence: float) -> Intervals:
     """Percentile intervals of dGM, T and H with problems resampled with replacement.
 
     Resampling unit = problem: all cells of a drawn problem (every replicate, and both directions
     or several models when a group pools them) enter together, so skill and base stay paired.
     Statistic on a resample: dGM* = exp(sum log r / n) - 1, T* = #help / n, H* = #harm / n.
-    Interval = the (1-c)/2 and (1+c)/2 quantiles of B resamples.
+    Interval = the (1-c)/2 and (1+c)/2 quantiles of B resamples. delta is one threshold for every
+    cell, or one per cell (max(delta, the problem's noise floor)).
     """
     if not ratios:
         return NO_INTERVALS
+    deltas = list(delta) if isinstance(delta, Sequence) else [delta] * len(ratios)
     problems = sorted(set(problem_ids))
     index = {p: i for i, p in enumerate(problems)}
     log_sum, count, helped, harmed = (np.zeros(len(problems)) for _ in range(4))
-    for pid, r in zip(problem_ids, ratios, strict=True):
+    for pid, r, d in zip(problem_ids, ratios, deltas, strict=True):
         i = index[pid]
         log_sum[i] += math.log(r)
         count[i] += 1
-        helped[i] += outcome(r, delta) == Outcome.HELP
-        harmed[i] += outcome(r, delta) == Outcome.HARM
+        helped[i] += outcome(r, d) == Outcome.HELP
+        harmed[i] += outcome(r, d) == Outcome.HARM
     draws = np.random.default_rng(seed).integers(0, len(problems), size=(samples, len(problems)))
     n = count[draws].sum(axis=1)
     alpha = (1 - confidence) / 2
@@ -138,3 +140,8 @@ def paired_bootstrap(problem_ids: Sequence[str], ratios: Sequence[float], delta:
     return Intervals(dgm=interval(np.exp(log_sum[draws].sum(axis=1) / n) - 1),
                      help=interval(helped[draws].sum(axis=1) / n),
                      harm=interval(harmed[draws].sum(axis=1) / n))
+
+
+def floor_delta(delta: float, floor: float | None) -> float:
+    """The threshold a cell is judged with beside the paper's: max(delta, its problem's noise floor)."""
+    return delta if floor is None else max(delta, floor)

@@ -29,12 +29,18 @@ class CellSummary:
     harm: float
     harm_ci: tuple[float, float]
     neutral: float
+    help_floor: float
+    """Help rate with each cell judged at max(delta, its problem's noise floor)."""
+    help_floor_ci: tuple[float, float]
+    harm_floor: float
+    """Harm rate with each cell judged at max(delta, its problem's noise floor)."""
+    harm_floor_ci: tuple[float, float]
 
     def as_row(self) -> dict:
         """Flat fields for a table row: dgm, dgm_lo, dgm_hi, help, help_lo, ..."""
         row = {"cells": self.cells, "problems": self.problems, "skipped": self.skipped,
                "neutral": self.neutral}
-        for name in ("dgm", "help", "harm"):
+        for name in ("dgm", "help", "harm", "help_floor", "harm_floor"):
             low, high = getattr(self, f"{name}_ci")
             row |= {name: getattr(self, name), f"{name}_lo": low, f"{name}_hi": high}
         return row
@@ -46,16 +52,20 @@ def summarize_cells(cells: Sequence[Cell], params: Params, key: str) -> CellSumm
     `key` names the group; it seeds the group's bootstrap stream (metrics.group_seed).
     """
     complete = [c for c in cells if c.complete]
-    ratios = [c.r for c in complete]
+    ratios, problem_ids = [c.r for c in complete], [c.problem_id for c in complete]
     rates = metrics.outcome_rates([metrics.Outcome(c.outcome) for c in complete])
-    ci = metrics.paired_bootstrap([c.problem_id for c in complete], ratios, params.delta,
-                                  params.bootstrap_samples, metrics.group_seed(params.bootstrap_seed, key),
-                                  params.confidence)
+    floor_rates = metrics.outcome_rates([metrics.Outcome(c.outcome_floor) for c in complete])
+    seed = metrics.group_seed(params.bootstrap_seed, key)
+    ci = metrics.paired_bootstrap(problem_ids, ratios, params.delta, params.bootstrap_samples, seed, params.confidence)
+    floor_ci = metrics.paired_bootstrap(problem_ids, ratios, [c.floor_delta for c in complete],
+                                        params.bootstrap_samples, seed, params.confidence)
     return CellSummary(cells=len(complete), problems=len({c.problem_id for c in complete}),
                        skipped=sum(1 for c in complete if c.skill_skipped), dgm=metrics.delta_gm(ratios),
                        dgm_ci=ci.dgm, help=rates[metrics.Outcome.HELP], help_ci=ci.help,
                        harm=rates[metrics.Outcome.HARM], harm_ci=ci.harm,
-                       neutral=rates[metrics.Outcome.NEUTRAL])
+                       neutral=rates[metrics.Outcome.NEUTRAL], help_floor=floor_rates[metrics.Outcome.HELP],
+                       help_floor_ci=floor_ci.help, harm_floor=floor_rates[metrics.Outcome.HARM],
+                       harm_floor_ci=floor_ci.harm)
 
 
 @dataclass(frozen=True)

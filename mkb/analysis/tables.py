@@ -40,12 +40,27 @@ def _exclusion_notes(results: Results) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def table_main(results: Results) -> Table:
-    """Table 1: per model and direction, paired statistics and pass rates of the three arms."""
+_FLOOR = (Column("help_floor", "Help T at floor [95% CI]", "pct_ci"),
+          Column("harm_floor", "Harm H at floor [95% CI]", "pct_ci"))
+
+
+def _floor_note(results: Results) -> str:
+    """Which threshold each help/harm column uses (Table 1 and its device-time appendix)."""
+    delta = f"the paper's delta = {results.params.delta:g}"
+    if not results.floors:
+        return (f"Help T and Harm H judge each cell at {delta}. No noise floors are recorded: run mkb calibrate "
+                f"to add help and harm at max(delta, each problem's measured floor).")
+    floors = ", ".join(f"{p} {100 * f:.1f}%" for p, f in sorted(results.floors.items()))
+    return (f"Help T and Harm H judge each cell at {delta}; the 'at floor' columns at max(delta, the floor of "
+            f"the cell's problem): the largest spread of repeated final gradings of its variants (mkb calibrate: "
+            f"{floors}); problems without a floor use delta.")
+
+
+def _main_rows(results: Results, cells_of) -> list[dict]:
     rows = []
     for label, is_model in model_groups(results):
         for direction in DIRECTIONS:
-            cells = select(results.cells, model=is_model, direction=direction)
+            cells = select(cells_of, model=is_model, direction=direction)
             if not cells:
                 continue
             source, base, skill = _arms_of(direction)
@@ -55,14 +70,39 @@ def table_main(results: Results) -> Table:
                 row[f"pass_{role}"] = summarize_arm(select(results.attempts, model=is_model, arm=arm),
                                                     results.params).passed
             rows.append(row)
+    return rows
+
+
+def table_main(results: Results) -> Table:
+    """Table 1: per model and direction, paired statistics (at delta, and at the noise floor when one is
+    recorded) and pass rates of the three arms."""
     columns = (Column("model", "Model"), Column("direction", "Direction"), *_PAIRED,
+               *(_FLOOR if results.floors else ()),
                Column("pass_source", "Pass source", "pct"), Column("pass_base", "Pass base", "pct"),
                Column("pass_skill", "Pass skill", "pct"))
-    return Table("table1_main", "Table 1: skill vs base by model and direction", columns, tuple(rows),
-                 _exclusion_notes(results) + (
+    return Table("table1_main", "Table 1: skill vs base by model and direction", columns,
+                 tuple(_main_rows(results, results.cells)), _exclusion_notes(results) + (
                      "Pass rates are over all attempts of the arm (source = solo in the source DSL, "
-                     "base = solo in the target DSL, skill = the skill-conditioned target attempt).",),
+                     "base = solo in the target DSL, skill = the skill-conditioned target attempt).",
+                     _floor_note(results)),
                  footnote(results.params))
+
+
+def table_device_time(results: Results) -> Table:
+    """Appendix: Table 1 recomputed with device time (profiler), so a reader sees whether conclusions depend on
+    the host."""
+    scored = [c for c in results.device_cells if c.complete]
+    lost = sum(1 for c in results.cells if c.complete) - len(scored)
+    columns = (Column("model", "Model"), Column("direction", "Direction"), *_PAIRED,
+               *(_FLOOR if results.floors else ()))
+    notes = (f"Speedup on the device clock: the eager reference's device time per call over the kernel's "
+             f"(profiler, medians over a final grading's processes), in place of the timed window, which holds "
+             f"the host's launch path and synchronisation. {len(scored)} complete cells; {lost} cells of Table 1 "
+             f"are left out because a grading of theirs recorded no device time of the eager reference "
+             f"(graded before issue #27: mkb regrade adds it).", _floor_note(results))
+    rows = [r for r in _main_rows(results, scored) if r["cells"]]
+    return Table("table7_device_time", "Appendix: Table 1 with device time (profiler)", columns, tuple(rows),
+                 notes, footnote(results.params))
 
 
 def table_family(results: Results) -> Table:
@@ -181,15 +221,19 @@ def table_cells(results: Results) -> Table:
              "direction": DIRECTION_LABELS[c.direction], "replicate": c.replicate,
              "source_trial": c.source_trial_id, "source_tier": c.source_tier, "base_tier": c.base_tier,
              "skill_tier": c.skill_tier, "v_base": c.v_base, "v_skill": c.v_skill, "skipped": c.skill_skipped,
-             "r": c.r, "outcome": c.outcome, "standing": c.standing,
-             "skill_sha256": (c.skill_sha256 or "")[:12] or None}
-            for c in results.cells]
+             "r": c.r, "outcome": c.outcome, "floor_delta": c.floor_delta, "outcome_floor": c.outcome_floor,
+             "r_device": d.r, "standing": c.standing, "skill_sha256": (c.skill_sha256 or "")[:12] or None}
+            for c, d in zip(results.cells, results.device_cells or results.cells)]
     columns = (Column("model", "Model"), Column("problem", "Problem"), Column("family", "Family"),
                Column("direction", "Direction"), Column("replicate", "Rep", "int"),
                Column("source_trial", "Source trial"), Column("source_tier", "Source tier", "int"),
                Column("base_tier", "Base tier", "int"), Column("skill_tier", "Skill tier", "int"),
                Column("v_base", "v base", "num"), Column("v_skill", "v skill", "num"),
                Column("skipped", "Skipped"), Column("r", "r", "num"), Column("outcome", "Outcome"),
+               *((Column("floor_delta", "Floor", "pct"), Column("outcome_floor", "Outcome at floor"))
+                 if results.floors else ()),
+               *((Column("r_device", "r (device time)", "num"),) if any(d.complete for d in results.device_cells)
+                 else ()),
                Column("standing", "Standing"), Column("skill_sha256", "Skill sha256"))
     return Table("cells", "Every cell: paired ratio and outcome", columns, tuple(rows),
                  _exclusion_notes(results), footnote(results.params), formats=("md", "csv"))
@@ -198,4 +242,5 @@ def table_cells(results: Results) -> Table:
 def all_tables(results: Results) -> list[Table]:
     """Every table of the report, in index order."""
     return [table_main(results), table_family(results), table_standing(results),
-            table_source_verdict(results), table_arms(results), table_usage(results), table_cells(results)]
+            table_source_verdict(results), table_arms(results), table_usage(results), table_cells(results),
+            table_device_time(results)]

@@ -29,12 +29,21 @@ def bench():
 @click.argument("problem_id", default="p28")
 @click.argument("kernel", type=click.Path(dir_okay=False), default=str(DEFAULT_KERNEL))
 @click.option("--dsl", type=click.Choice([str(d) for d in DSLS]), default="cutedsl", show_default=True)
-@click.option("--repeats", type=int, default=5, show_default=True, help="Gradings per timing mode.")
+@click.option("--repeats", type=int, default=5, show_default=True, help="Gradings per timing mode (or per variant).")
 @click.option("--mode", "modes", multiple=True, callback=comma_separated(["paper", "flushed"]),
-              help="Timing mode(s) to benchmark: paper, flushed (repeated or comma-separated; default both).")
+              help="Timing mode(s) to benchmark: paper, flushed (repeated or comma-separated; default both; "
+                   "--final: paper).")
+@click.option("--final", "final", is_flag=True,
+              help="Final-grading mode: each grading in several fresh processes against one eager baseline.")
+@click.option("--variant", "variant_specs", multiple=True, callback=comma_separated(),
+              help="With --final: variants to bench instead of PROBLEM_ID KERNEL, repeated or comma-separated: p25 "
+                   "(both shipped solutions), p25:cutedsl, or p25:cutedsl:path/kernel.py.")
+@click.option("--processes", type=click.IntRange(1), default=None,
+              help="With --final: fresh processes per grading (default: the judge_final_processes setting).")
 @output_options
 @click.pass_context
-def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, csv_=False):
+def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), final=False, variant_specs=(), processes=None,
+                json_=False, csv_=False):
     """Judge overhead per evaluation and the spread of speedup over repeated gradings (paper and flushed).
 
     Overhead is the grading's wall time minus the kernel's own calls (solve calls x kernel_ms).
@@ -44,10 +53,15 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, cs
     Where the overhead goes: median seconds until the judge's processes were ready (startup_s) and
     per grading phase and per step of the correctness draws (phases_s, correctness_s, in --json).
 
+    With --final, every grading is a final grading (several fresh processes, summarised; the eager
+    baseline measured by the first one and reused, in a scratch database) and each variant's row is
+    mkb calibrate's: the spread of its speedups against issue #27's goals and what a final grading costs.
+
     Example:
 
     \b
         mkb bench judge --json
+        mkb bench judge --final --variant p25:cutedsl --variant p28:cutedsl --repeats 3 --json
     """
     from mkb.environment import resolve_device
     from mkb.judge import grade
@@ -56,6 +70,13 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, cs
     settings = settings_from(ctx)
     if resolve_device(settings).kind != "cuda":
         raise MkbError("mkb bench judge needs a CUDA GPU and none is visible here; run it on the GPU machine.")
+    if final:
+        specs = list(variant_specs) or [f"{problem_id}:{dsl}:{kernel}"]
+        rows = bench_final(settings, specs, repeats, processes, (modes or ("paper",))[0])
+        emit(rows, json_, csv_, title="judge benchmark, final-grading mode",
+             columns=["problem", "dsl", "passed", "kernel_ms", "speedup_median", "spread_pct", "spread_met",
+                      "final_s", "process_s", "added_s", "added_met"])
+        return
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     rows = []
     for mode in modes or ("paper", "flushed"):
@@ -64,6 +85,22 @@ def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, cs
     emit(rows, json_, csv_, title=f"judge benchmark: {problem.id} {dsl} {Path(kernel).name}",
          columns=["mode", "passed", "kernel_ms", "speedup_median", "spread_pct", "overhead_s", "cold_overhead_s",
                   "spare_used", "pinned", "startup_s", "wall_s"])
+
+
+def bench_final(settings, specs: list[str], repeats: int, processes: int | None, timing: str) -> list[dict]:
+    """mkb calibrate's repetitions and rows, with a scratch results database (nothing is kept)."""
+    import tempfile
+
+    from mkb.environment import resolve_device
+    from mkb.protocol import calibrate as calibration
+    from mkb.protocol.judging import Judging
+    from mkb.store import Store
+
+    found = calibration.variants(settings, specs)
+    device = resolve_device(settings)
+    with tempfile.TemporaryDirectory(prefix="mkb-bench-") as tmp, Store(Path(tmp) / "bench.duckdb") as store:
+        judging = Judging(settings, device, store, timing=timing, processes=processes)
+        return [calibration.summarize(v, calibration.repeat(judging, v, repeats, device.slots[0])) for v in found]
 
 
 def summarize(mode: str, records: list) -> dict:

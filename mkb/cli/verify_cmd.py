@@ -25,9 +25,14 @@ from mkb.records import DSLS, Status
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Hard limit in seconds (default: the setting).")
 @click.option("--scale", type=click.Choice(["full", "smoke"]), default="full", show_default=True,
               help="Problem size: smoke is the tiny CPU-test workload.")
+@click.option("--final", is_flag=True,
+              help="Grade as an attempt's result is graded: in several fresh processes, against the eager baseline "
+                   "stored in --db when there is one (and storing the one it measures there).")
+@click.option("--processes", type=click.IntRange(1), default=None,
+              help="With --final: fresh processes (default: the judge_final_processes setting, 5).")
 @db_option
 @click.pass_context
-def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale):
+def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, final, processes):
     """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 3 on infra_error, else 1.
 
     With --db (or MKB_DB) the judge record is also stored in that database.
@@ -37,29 +42,47 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
     \b
         mkb verify p28 --dsl cutedsl kernel.py --json
         mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
+        mkb verify p28 --dsl cutedsl kernel.py --final --db results/mkb.duckdb
     """
-    from mkb.environment import resolve_device
-    from mkb.judge import grade, prepare_host
+    from mkb.judge import prepare_host
     from mkb.problems import catalog_for, resolve
 
-    settings = settings_from(ctx, judge_spares=0, device=device)  # one grading: nothing to start ahead
+    # one grading: nothing to start ahead; a final grading's next processes start while one runs
+    settings = settings_from(ctx, judge_spares=1 if final else 0, device=device)
     prepare_host()
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
-    record = grade(problem, kernel, dsl, device=resolve_device(settings).kind, timing=timing, timeout_s=timeout_s,
-                   settings=settings, scale=scale)
+    store = None
     if settings.db is not None:  # --db, the global --db or MKB_DB: store the record there
         from mkb.store import Store
 
-        data = Path(kernel).read_bytes()
-        with Store(settings.db_path) as store:
-            store.add_evaluation(record, origin="verify", kernel_path=str(Path(kernel).resolve()),
-                                 kernel_sha256=hashlib.sha256(data).hexdigest())
+        store = Store(settings.db_path)
+    try:
+        record = _grade(settings, store, problem, kernel, dsl, timing, timeout_s, scale, final, processes)
+        if store is not None:
+            store.add_evaluation(record, origin="verify --final" if final else "verify",
+                                 kernel_path=str(Path(kernel).resolve()),
+                                 kernel_sha256=hashlib.sha256(Path(kernel).read_bytes()).hexdigest())
+    finally:
+        if store is not None:
+            store.close()
     if json_:
         click.echo(json.dumps(record.model_dump(mode="json"), allow_nan=False))
     else:
         _show(record)
     exit_on_infra_errors(record.status == Status.INFRA_ERROR, "grading")
     sys.exit(0 if record.passed else 1)
+
+
+def _grade(settings, store, problem, kernel, dsl, timing, timeout_s, scale, final, processes):
+    """One grading, or a final grading in `processes` fresh processes (None: the setting's number)."""
+    from mkb.environment import resolve_device
+    from mkb.protocol.judging import ANY, Judging
+
+    judging = Judging(settings, resolve_device(settings), store, timing=timing, processes=processes, scale=scale,
+                      timeout_s=timeout_s)
+    if not final:
+        return judging.feedback(problem, kernel, dsl, device_slot=ANY)
+    return judging.final(problem, kernel, dsl, device_slot=ANY)
 
 
 def _show(record) -> None:

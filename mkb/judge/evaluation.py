@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from mkb.judge import processes
 from mkb.judge.launch import STARTUP_S, Launch
 from mkb.judge.referee.verdict import CHARGED_NOTE
 from mkb.judge.view import KERNEL_ROOT, PROBLEM_ROOT
@@ -26,6 +27,9 @@ from mkb.records import Dsl, Status
 LOG_TAIL_CHARS = 8000
 WATCH_EVERY_S = 0.25
 """How often the candidate's process tree is measured (memory, number of processes)."""
+STOP_GRACE_S, STOP_WAIT_S = 2.0, 10.0
+"""A candidate told to finish gets this long to exit by itself before it is killed; its processes then get
+STOP_WAIT_S to vanish (the referee is told only once none is left)."""
 TRANSPORT = "/dev/shm/mkb-transport"
 """Where a sandboxed referee keeps the files it shares on CPU: the grading's own /dev/shm."""
 
@@ -34,19 +38,21 @@ class Evaluation:
     """One grading on a Launch: the specs, the supervision and the verdict."""
 
     def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str,
-                 pin_cpus: bool = False):
+                 pin_cpus: bool = False, eager: str = "time"):
         plan = launch.plan
         self.launch, self.device, self.start_s = launch, plan.device, None
         self.children = launch.children
         self.closed: set[str] = set()
         """Children whose readiness pipe reached end-of-file."""
+        self.stops: list[dict] = []
+        """The candidate's ends the referee asked for (_stop_candidate): at most one per grading."""
         shutil.copyfile(kernel, launch.stage["candidate"] / "kernel.py")
         problem_file = Path(problem.path)
         shutil.copyfile(problem_file, launch.stage["eager"] / problem_file.name)
         boxed = launch.sandbox is not None
         r_spec = {"device": plan.device, "workdir": TRANSPORT if boxed else str(launch.hostdir / "transport"),
                   "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
-                  "timing": timing if plan.timed else "none", "pin_cpus": pin_cpus}
+                  "timing": timing if plan.timed else "none", "pin_cpus": pin_cpus, "eager": eager}
         specs = {}
         for name in ("candidate", "eager"):
             if name not in launch.children:
@@ -112,6 +118,9 @@ class Evaluation:
             try:
                 referee.popen.wait(timeout=0.05)
             except Exception:  # subprocess.TimeoutExpired: still working
+                self._read_signals(0.0)
+                if self.launch.signals["referee"].count(b"S") > len(self.stops):
+                    self._stop_candidate(now)
                 if now() - watched >= WATCH_EVERY_S:
                     watched = now()
                     if (reason := candidate.over_limits()) is not None:
@@ -123,6 +132,28 @@ class Evaluation:
                 pass
             return "done"
         return "timeout"
+
+    def _stop_candidate(self, now, grace_s: float = STOP_GRACE_S) -> None:
+        """The referee asked for the candidate's end: let it exit, kill what is left, tell the referee when no
+        process of the candidate remains (on the control pipe, one JSON line)."""
+        candidate, started = self.children["candidate"], now()
+        tree = set(processes.descendants(candidate.pid))
+        try:
+            candidate.popen.wait(timeout=grace_s)
+        except Exception:  # subprocess.TimeoutExpired: it did not exit when told to finish
+            pass
+        by_itself = candidate.popen.poll() is not None
+        candidate.kill()
+        candidate.popen.wait()
+        left = processes.wait_gone(tree, STOP_WAIT_S)
+        account = {"exited_by_itself": by_itself, "processes": len(tree), "left": len(left),
+                   "stopped_s": round(now() - started, 3)}
+        self.stops.append(account)
+        if not left:
+            try:
+                os.write(self.launch.control, (json.dumps(account) + "\n").encode())
+            except OSError:  # the referee is gone; its verdict (or its absence) says the rest
+                pass
 
     def _verdict(self, outcome: str, timeout_s: float) -> tuple[dict, dict, str]:
         referee, candidate = self.children["referee"], self.children["candidate"]
@@ -143,7 +174,7 @@ class Evaluation:
             return {"status": Status.INFRA_ERROR, "message": f"judge processes failed to start ({outcome}; "
                     f"processes: {details['processes']})"}, details, log_tail
         if verdict is None:
-            if self.ended["candidate"] not in (0, None):  # it died on its own, not by the judge's final kill
+            if self.ended["candidate"] not in (0, None) and not self.stops:  # it died on its own, not by the judge
                 return {"status": Status.CRASHED, "message": f"the candidate process {candidate.describe_exit()}"}, \
                     details, log_tail
             details["referee_log"] = referee.stderr.text()[-4000:]

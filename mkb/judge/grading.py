@@ -21,6 +21,7 @@ from mkb.errors import MkbError
 from mkb.judge import credentials, sandbox, static
 from mkb.judge.evaluation import Evaluation
 from mkb.judge.launch import LaunchError, Plan, launched
+from mkb.judge.robust import Baseline
 from mkb.records import Dsl, JudgeRecord, ProblemInfo, Status
 from mkb.settings import Settings
 from mkb.settings import environment as runner_environment
@@ -30,12 +31,14 @@ log = logging.getLogger(__name__)
 
 def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, device: str,
           timing: str = "paper", timeout_s: float | None = None, settings: Settings | None = None,
-          scale: str = "full", visible_devices: str | None = None,
+          scale: str = "full", visible_devices: str | None = None, baseline: Baseline | None = None,
           now: Callable[[], float] = time.monotonic) -> JudgeRecord:
-    """Grade kernel_path against one problem variant (DESIGN §5).
+    """Grade kernel_path against one problem variant in one set of fresh processes (DESIGN §5).
 
     device is cuda or cpu, as the caller resolved it (mkb.environment.resolve_device); settings
     default to the defaults. visible_devices pins the judge's processes to GPUs (CUDA_VISIBLE_DEVICES, e.g. "3").
+    With a baseline (the stored eager figure of this problem, GPU and environment) the eager reference is
+    not timed here and the speedup is against it. Final gradings use mkb.judge.final.grade_final.
 
     Raises:
         MkbError: the kernel file does not exist or an option is invalid (user errors only).
@@ -67,11 +70,13 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
                     "(MKB_JUDGE_UNSAFE_NO_SANDBOX)", why)
     try:
         verdict, details, log_tail = _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s,
-                                               found is not None, visible_devices, now)
+                                               found is not None, visible_devices, baseline is not None, now)
     except LaunchError as exc:
         verdict, details, log_tail = {"status": Status.INFRA_ERROR, "message": str(exc)}, {}, ""
     details.update(static=[], timeout_s=timeout_s, scale=scale, timing_mode=timing if device == "cuda" else "none",
-                   environment=_environment(device))
+                   environment=_environment(device), grading={"mode": "single", "processes": 1})
+    if verdict["status"] == Status.PASSED and verdict.get("kernel_ms") is not None:
+        verdict, details = _against(verdict, details, baseline)
     record = JudgeRecord(status=verdict["status"], message=verdict.get("message", ""), draws=verdict.get("draws", []),
                          kernel_ms=verdict.get("kernel_ms"), eager_ms=verdict.get("eager_ms"),
                          speedup=verdict.get("speedup"), dsl_check=verdict.get("dsl_check", "not_checked"),
@@ -79,14 +84,23 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
     return credentials.redact_record(record, runner_environment())
 
 
+def _against(verdict: dict, details: dict, baseline: Baseline | None) -> tuple[dict, dict]:
+    """A passed GPU verdict's eager figure and speedup: the stored baseline's, or the one timed in this grading."""
+    if baseline is None:
+        return verdict, details | {"eager": {"source": "timed in this grading", "processes": 1}}
+    verdict = {**verdict, "eager_ms": baseline.eager_ms, "speedup": baseline.eager_ms / verdict["kernel_ms"]}
+    return verdict, details | {"eager": baseline.describe(), "eager_device_ms": baseline.eager_device_ms}
+
+
 def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, sandboxed, visible_devices,
-              now) -> tuple[dict, dict, str]:
+              stored_eager, now) -> tuple[dict, dict, str]:
     """One run of the judge processes, on a spare Launch when one is waiting (launch.launched)."""
     timed = device == "cuda" and timing != "none"
     plan = Plan.of(settings, device, timed, sandboxed, visible_devices)
     with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):
         try:
-            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus)
+            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus,
+                                    eager="stored" if stored_eager else "time")
         except BaseException:
             launch.close()
             raise

@@ -113,8 +113,11 @@ class Launch:
         """What each child wrote on its readiness pipe so far ('ready'; the referee 'L' when the kernel loads)."""
         self._go = {name: w for name, (_, w) in go.items()}
         self._go_child = {name: r for name, (r, _) in go.items()}
+        self._control_child, self.control = os.pipe()
+        """The parent's end of the referee's control pipe: its answer once the candidate's processes are gone."""
         self.fds = {name: {"ready_fd": self.ready_fd[name]} for name in plan.names}
         """The numbers each child has for its pipes, for its spec."""
+        self.fds["referee"]["control_fd"] = self._control_child
         for name, (prefix, (to_child, from_child)) in zip(plan.names[1:], zip("ce", self.pipes.values())):
             self.fds["referee"].update({f"{prefix}_cmd_w": to_child[1], f"{prefix}_reply_r": from_child[0]})
             self.fds[name].update(cmd_fd=to_child[0], reply_fd=from_child[1])
@@ -132,7 +135,7 @@ class Launch:
     def _start_referee(self) -> int:
         """Start the referee in a fresh grading namespace; the pid of the process holding that namespace."""
         jail_r, jail_w = os.pipe()
-        fds = [self.ready_fd["referee"], self._go_child["referee"], jail_w]
+        fds = [self.ready_fd["referee"], self._go_child["referee"], self._control_child, jail_w]
         for to_child, from_child in self.pipes.values():
             fds += [to_child[1], from_child[0]]
         argv = [sys.executable, "-c", REFEREE, str(self._go_child["referee"]), self.id, str(jail_w)]
@@ -208,9 +211,9 @@ class Launch:
         for to_child, from_child in self.pipes.values():
             for fd in (*to_child, *from_child):
                 os.close(fd)
-        for fd in (*self.ready_fd.values(), *self._go_child.values()):
+        for fd in (*self.ready_fd.values(), *self._go_child.values(), self._control_child):
             os.close(fd)
-        self.pipes, self.ready_fd, self._go_child = {}, {}, {}
+        self.pipes, self.ready_fd, self._go_child, self._control_child = {}, {}, {}, None
 
     def alive(self) -> bool:
         return bool(self.children) and all(c.popen.poll() is None for c in self.children.values())
@@ -236,10 +239,11 @@ class Launch:
         for child in self.children.values():  # the drain threads close the output pipes at end-of-file
             child.stdout.thread.join(2.0)
             child.stderr.thread.join(2.0)
-        for fd in (*self.ready.values(), *self._go.values()):
+        for fd in (*self.ready.values(), *self._go.values(), *([self.control] if self.control is not None else [])):
             os.close(fd)
         self.ready.clear()
         self._go.clear()
+        self.control = None
         shutil.rmtree(self.hostdir, ignore_errors=True)
 
 

@@ -22,6 +22,7 @@ import resource
 import signal
 import subprocess
 import threading
+import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -153,6 +154,24 @@ def descendants(pid: int) -> dict[int, int]:
             except (OSError, ValueError):
                 continue
     return found
+
+
+def alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie has released its memory and its CUDA context)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: set[int], wait_s: float) -> set[int]:
+    """Wait up to wait_s for every pid to have exited; the ones still running then."""
+    deadline = time.monotonic() + wait_s
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
 
 
 def _used_bytes(path: str) -> int:

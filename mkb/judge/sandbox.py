@@ -4,9 +4,9 @@ A grading runs in two layers, both built with bubblewrap:
 
 - the grading's namespace (the *jail*): a mount namespace (and, where possible, a user namespace)
   with the host's files as they are, except /dev/shm, which is a fresh tmpfs capped at
-  `judge_tmpfs_mb`. The trusted referee runs here. CUDA keeps the state of interprocess events in
-  /dev/shm, and event handles resolve only between processes that share it: the referee and the
-  harnesses share this one, and nothing else on the host sees it.
+  `judge_tmpfs_mb`. The trusted referee runs here. The referee and the harnesses share this one
+  (CPU gradings' tensors are files there), and nothing else on the host sees it. Across cells the
+  GPU side uses CUDA IPC memory only (CUDA IPC event handles do not open in a cell: wire.Signal).
 - a *cell* per harness process (candidate, eager), entered from the jail with nsenter: new user,
   mount, PID, network, IPC, UTS and cgroup namespaces; uid 65534 without capabilities and with
   no_new_privs; further user namespaces disabled where bwrap can. It sees, read-only, only the

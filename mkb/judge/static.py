@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from mkb.pyparse import parse
 from mkb.records import Dsl
 
 OTHER_DSL_MODULES = {Dsl.CUTEDSL: ("tvm",), Dsl.TIRX: ("cutlass",)}
@@ -148,7 +149,7 @@ def scan(source: str, dsl: Dsl) -> list[Finding]:
     A file that does not parse yields no finding: importing it reports the syntax error.
     """
     try:
-        tree = ast.parse(source)
+        tree = parse(source)
     except SyntaxError:
         return []
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}

@@ -19,6 +19,7 @@ from mkb.environment import Device, resolve_device
 from mkb.errors import MkbError
 from mkb.problems import catalog_for, select
 from mkb.protocol.attempts import ORACLE, gpu_named, make_attempt, model_config, model_factory, solution_path
+from mkb.protocol.judging import Grader, Judging, dispatch
 from mkb.protocol.plan import Action, PlanItem, expand, plan
 from mkb.protocol.pool import JudgePool
 from mkb.protocol.runner import Progress, ProtocolRun
@@ -103,7 +104,9 @@ def execute(settings: Settings, store: Store, request: RunRequest, items: list[P
             on_pool: Callable | None = None, given_skills: dict[str, str] | None = None) -> Progress:
     """Run the planned trials on this host, or on a Ray cluster when ray (RayOptions) is given.
 
-    grade(problem, kernel_path, dsl, device_slot=...) defaults to the real judge on settings' device.
+    grade(problem, kernel_path, dsl, device_slot=...) defaults to the real judge on settings' device: feedback
+    gradings in one set of processes, final gradings in several against the stored eager baseline
+    (judging.Judging); a grade given here serves both.
     Every trial ends recorded, however it ends; Ctrl-C/SIGTERM mark running attempts interrupted.
     """
     if ray is not None:
@@ -117,12 +120,14 @@ def execute(settings: Settings, store: Store, request: RunRequest, items: list[P
                           retry_s=settings.model_retry_s)
     run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings, device=device,
                        command=request.command)
-    pool = JudgePool(grade or judge_grader(settings, device), request.slots or device.slots)
+    judging = Judging(settings, device, store) if grade is None else None
+    pool = JudgePool(dispatch(grade or judging.feedback, grade or judging.final), request.slots or device.slots)
     if on_pool:
         on_pool(pool)
 
-    def grade_for(spec: TrialSpec):
-        return lambda kernel_path: pool.grade(spec.problem, kernel_path, spec.arm.dsl, label=spec.trial_id)
+    def grade_for(spec: TrialSpec) -> Grader:
+        return Grader(lambda path: pool.grade(spec.problem, path, spec.arm.dsl, label=spec.trial_id),
+                      lambda path: pool.grade(spec.problem, path, spec.arm.dsl, label=spec.trial_id, final=True))
 
     attempt = make_attempt(store, request.model, model_factory(config, settings.solutions_path), request.budget,
                            grade_for, settings, gpu_named(device))

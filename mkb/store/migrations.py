@@ -181,3 +181,26 @@ def m010_run_owner(db: duckdb.DuckDBPyConnection) -> None:
     later mkb can tell a run whose process was killed from one still under way (mkb/store/owner.py)."""
     db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
     db.execute("ALTER TABLE runs ADD COLUMN owner_start VARCHAR")
+
+
+@migration
+def m030_eager_baselines(db: duckdb.DuckDBPyConnection) -> None:
+    """eager_baselines: the eager reference's time per problem, GPU model and environment fingerprint (issue #27)."""
+    db.execute("""
+    CREATE TABLE eager_baselines (
+        fingerprint VARCHAR PRIMARY KEY, problem_id VARCHAR NOT NULL, gpu VARCHAR NOT NULL, timing VARCHAR NOT NULL,
+        scale VARCHAR NOT NULL, fingerprint_parts JSON, eager_ms DOUBLE NOT NULL, eager_device_ms DOUBLE,
+        processes INTEGER NOT NULL, summary VARCHAR NOT NULL, eager_ms_each JSON, measured_by VARCHAR,
+        created_at TIMESTAMP NOT NULL)""")
+
+
+@migration
+def m031_noise_floors(db: duckdb.DuckDBPyConnection) -> None:
+    """noise_floors: the spread of repeated final gradings of one variant, written by mkb calibrate (issue #27)."""
+    db.execute("""
+    CREATE TABLE noise_floors (
+        problem_id VARCHAR NOT NULL, dsl VARCHAR NOT NULL, gpu VARCHAR NOT NULL, timing VARCHAR NOT NULL,
+        kernel VARCHAR NOT NULL, kernel_sha256 VARCHAR NOT NULL, repeats INTEGER NOT NULL,
+        processes INTEGER NOT NULL, summary VARCHAR NOT NULL, speedups JSON, kernel_ms_each JSON,
+        spread DOUBLE NOT NULL, created_at TIMESTAMP NOT NULL,
+        PRIMARY KEY (problem_id, dsl, gpu, timing))""")

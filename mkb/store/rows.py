@@ -278,5 +278,82 @@ class Skill(Row):
     """UTC."""
 
 
-ROWS: tuple[type[Row], ...] = (Run, Trial, Attempt, Message, StoredSubmission, Skill)
+class EagerBaseline(Row):
+    """The eager reference's time for one problem on one GPU model and environment [fingerprint].
+
+    Measured once, in several fresh trusted processes, by the first final grading that passed there (or by
+    `mkb calibrate`), and reused by every grading whose fingerprint matches: all arms of a run compare their
+    kernels with one baseline. A changed problem, toolchain, driver, GPU model or timing method changes the
+    fingerprint, so the baseline is measured again."""
+
+    table: ClassVar[str] = "eager_baselines"
+    keys: ClassVar[tuple[str, ...]] = ("fingerprint",)
+    json_columns: ClassVar[tuple[str, ...]] = ("fingerprint_parts", "eager_ms_each")
+
+    fingerprint: str
+    """sha256 of fingerprint_parts."""
+    problem_id: str
+    """e.g. p25."""
+    gpu: str
+    """GPU model, e.g. NVIDIA H200."""
+    timing: str
+    """paper or flushed."""
+    scale: str
+    """full (smoke only in tests)."""
+    fingerprint_parts: dict[str, Any]
+    """What the figure depends on: problem file, GPU, timing, scale, torch, Python, driver, timing method."""
+    eager_ms: float
+    """Summary (summary) over processes of each process's median: the baseline."""
+    eager_device_ms: float | None = None
+    """Median over processes of the reference's profiled device time per call."""
+    processes: int
+    """Fresh trusted processes it was measured in."""
+    summary: str
+    """min or median."""
+    eager_ms_each: list[float]
+    """Each process's median."""
+    measured_by: str | None = None
+    """The grading that measured it (problem, DSL, trial or command)."""
+    created_at: datetime
+    """UTC."""
+
+
+class NoiseFloor(Row):
+    """How far identical final gradings of one variant came apart on one GPU: its noise floor [problem_id, dsl,
+    gpu, timing]. Written by `mkb calibrate` (the latest calibration replaces the row); the report compares
+    paired ratios with max(delta, the problem's floor)."""
+
+    table: ClassVar[str] = "noise_floors"
+    keys: ClassVar[tuple[str, ...]] = ("problem_id", "dsl", "gpu", "timing")
+    json_columns: ClassVar[tuple[str, ...]] = ("speedups", "kernel_ms_each")
+
+    problem_id: str
+    """e.g. p25."""
+    dsl: Dsl
+    """The variant."""
+    gpu: str
+    """GPU model."""
+    timing: str
+    """paper or flushed."""
+    kernel: str
+    """The kernel graded (a shipped solution's path, or the file given)."""
+    kernel_sha256: str
+    """sha256 of its source."""
+    repeats: int
+    """Final gradings of it."""
+    processes: int
+    """Fresh processes per final grading."""
+    summary: str
+    """How each final grading summarised its processes (min or median)."""
+    speedups: list[float]
+    """Each final grading's speedup."""
+    kernel_ms_each: list[float]
+    """Each final grading's kernel_ms."""
+    spread: float
+    """max(speedups) / min(speedups) - 1: the floor."""
+    created_at: datetime
+    """UTC."""
+
+
+ROWS: tuple[type[Row], ...] = (Run, Trial, Attempt, Message, StoredSubmission, Skill, EagerBaseline, NoiseFloor)
 """Every table written through typed rows."""

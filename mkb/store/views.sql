@@ -94,3 +94,30 @@ SELECT model, model_label, is_oracle, arm,
 FROM trial_outcomes
 WHERE attempted
 GROUP BY model, model_label, is_oracle, arm
+;
+
+-- One row per calibrated problem and timing mode (mkb calibrate, table noise_floors): its noise floor,
+-- the largest spread (max/min - 1 of the speedups of repeated final gradings of one kernel) among its
+-- variants and GPUs. The report compares paired ratios with max(delta, floor) beside the paper's delta.
+CREATE OR REPLACE VIEW problem_floors AS
+SELECT problem_id, timing, max(spread) AS floor, count(*) AS variants, min(repeats) AS repeats,
+       max(created_at) AS calibrated_at
+FROM noise_floors
+GROUP BY problem_id, timing;
+
+-- One row per trial with its current attempt's last final grading (a regrade adds a later one): the
+-- profiler's device time of the kernel and of the eager reference per call, and how the grading ran
+-- (details.grading.mode: single, or final over several fresh processes). The report's device-time
+-- appendix recomputes Table 1 from device_speedup = eager_device_ms / device_ms.
+CREATE OR REPLACE VIEW final_gradings AS
+SELECT t.model, t.trial_id, s.attempt_id, s.n, s.status, s.speedup, s.kernel_ms, s.eager_ms,
+       TRY_CAST(json_extract(s.record, '$.details.device_ms') AS DOUBLE) AS device_ms,
+       TRY_CAST(json_extract(s.record, '$.details.eager_device_ms') AS DOUBLE) AS eager_device_ms,
+       coalesce(json_extract_string(s.record, '$.details.grading.mode'), 'single') AS grading_mode,
+       TRY_CAST(json_extract(s.record, '$.details.grading.processes') AS INTEGER) AS processes,
+       CASE WHEN s.status = '{status.PASSED}'
+            THEN TRY_CAST(json_extract(s.record, '$.details.eager_device_ms') AS DOUBLE)
+                 / nullif(TRY_CAST(json_extract(s.record, '$.details.device_ms') AS DOUBLE), 0) END AS device_speedup
+FROM trials t
+JOIN submissions s ON s.attempt_id = t.attempt_id AND s.kind = 'final'
+QUALIFY row_number() OVER (PARTITION BY t.model, t.trial_id ORDER BY s.n DESC) = 1

@@ -18,7 +18,8 @@ import torch
 WATCHED = (
     "time.perf_counter", "time.perf_counter_ns", "time.time", "time.time_ns", "time.monotonic",
     "time.monotonic_ns", "time.process_time", "time.sleep",
-    "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda.Event.record", "torch.cuda.Event.elapsed_time",
+    "torch.cuda.synchronize", "torch._C._cuda_synchronize", "torch.cuda.Event", "torch.cuda.Event.record",
+    "torch.cuda.Event.elapsed_time",
     "torch.cuda.Event.synchronize", "torch.cuda.Event.query", "torch.cuda.Event.wait",
     "torch.cuda.Stream", "torch.cuda.Stream.wait_event", "torch.cuda.Stream.synchronize",
     "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.stream", "torch.cuda.set_stream",

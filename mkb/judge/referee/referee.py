@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import wire  # noqa: E402
-from mkb.judge.referee import checks, policy, preflight, speed, timing  # noqa: E402
+from mkb.judge.referee import checks, policy, preflight, speed, stop, timing  # noqa: E402
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
@@ -145,18 +145,19 @@ class Referee:
     def _run(self) -> dict:
         harnesses = [("candidate", self.c)] + ([("eager", self.e)] if self.e is not None else [])
         kept: list = []
+        signals = {}
         for name, channel in harnesses:  # hello is sent before kernel.py is imported: the harness's own facts
             hello = channel.recv()
             self.details[f"{name}_startup_s"] = hello.get("startup_s")
             if self.device == "cuda" and not hello.get("cuda"):
                 raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
-            preflight.send(channel, self.transport, self.device, kept)
+            signals[name] = preflight.send(channel, self.transport, self.device, kept)
         self.phase = "import"
         self.mark_kernel_loading()
         self.c.send({"cmd": "load"})
         upcoming = self.prepare_draw()  # the first draw is made while the candidate imports and compiles
         for name, channel in harnesses:
-            preflight.check(channel, name, self.device)  # a failure here is infra_error, whatever came after
+            preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error, whatever came after
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
@@ -171,7 +172,9 @@ class Referee:
         self.enforce(policy.judge(evidence), final=self.device != "cuda" or self.spec["timing"] == "none")
         timings = {}
         if self.device == "cuda" and self.spec["timing"] != "none":
-            timings = self.time(evidence)
+            timings = self.time(evidence)  # it ends the candidate's processes before the eager reference is timed
+        else:
+            self.details["candidate_stop"] = self.stop_candidate()
         return self.verdict(Status.PASSED, "passed", **timings)
 
     def dsl_applicable(self) -> bool:
@@ -300,6 +303,10 @@ class Referee:
         failed = {k for k, v in verdict.checks.items() if v == Check.FAILED}
         if failed - ({"trace"} if not final else set()):
             raise Failure(Status.POLICY_VIOLATION, policy.dsl_failure_message(str(self.dsl), verdict.checks))
+
+    def stop_candidate(self) -> dict:
+        """End the candidate's processes, confirmed by the judge's parent (stop.py); the parent's account."""
+        return stop.end_candidate(self.c, self.spec["ready_fd"], self.spec["control_fd"])
 
     def mark_kernel_loading(self) -> None:
         """Tell the judge's parent that the candidate's code may run from now on (on the ready pipe it

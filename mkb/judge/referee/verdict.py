@@ -1,7 +1,7 @@
 """How a grading ends on the trusted side: Failure (stop with a status), who is charged, the verdict line.
 
 The rule that keeps gradings from being bought: before kernel.py is imported the referee proves
-that the sandbox works (CUDA, a shared tensor and an interprocess event, both ways, with every
+that the sandbox works (CUDA, a shared tensor and signals both ways, with every
 harness process); a failure up to there is the judge's (`infra_error`, never charged). From the
 moment kernel.py starts to import, the candidate shares the GPU, the host's memory and the
 sandbox's /dev/shm with the trusted processes and controls everything its own process says, so
