@@ -1,4 +1,5 @@
-"""The shipped reference solutions (problems/solutions/<dsl>/pNN.py), checked without a GPU.
+"""The reference solutions (problems/solutions/<dsl>/pNN.py, and pending/<dsl>/pNN.py not yet graded on a
+GPU), checked without a GPU.
 
 Their correctness and speed are graded on the H200 (artifact/generators/validate_solutions.py, the
 `solutions` stage of scripts/gpu_session.sh, which reads the same file list). Here, on a CPU: every
@@ -25,7 +26,10 @@ SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
 from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
 
-VARIANTS = sorted((p.stem, dsl) for dsl in ("cutedsl", "tirx") for p in (SOLUTIONS / dsl).glob("p[0-9][0-9].py"))
+PATHS = {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
+         for p in (where / dsl).glob("p[0-9][0-9].py")}
+VARIANTS = sorted(PATHS)
+SHIPPED = sorted(v for v, p in PATHS.items() if p.parent.parent == SOLUTIONS)
 
 
 def _load(path: Path, name: str):
@@ -43,16 +47,19 @@ def _problem_file(pid: str) -> Path:
 
 
 def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
-    by_dsl = {dsl: {pid for pid, d in VARIANTS if d == dsl} for dsl in ("cutedsl", "tirx")}
-    assert by_dsl["cutedsl"] == by_dsl["tirx"] and len(by_dsl["tirx"]) >= 18
-    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == VARIANTS
-    for pid in by_dsl["tirx"]:
+    for group in (SHIPPED, [v for v in VARIANTS if v not in SHIPPED]):  # shipped, and pending apart
+        by_dsl = {dsl: {pid for pid, d in group if d == dsl} for dsl in ("cutedsl", "tirx")}
+        assert by_dsl["cutedsl"] == by_dsl["tirx"]
+    assert len(SHIPPED) >= 24 and len(VARIANTS) >= 36
+    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == SHIPPED
+    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"], pending=True)) == VARIANTS
+    for pid in {pid for pid, _ in VARIANTS}:
         _problem_file(pid)
 
 
 @pytest.mark.parametrize("pid, dsl", VARIANTS)
 def test_the_judges_static_scan_accepts_the_solution(pid, dsl):
-    source = (SOLUTIONS / dsl / f"{pid}.py").read_text()
+    source = PATHS[pid, dsl].read_text()
     assert static.scan(source, Dsl(dsl)) == []
     other = "tvm" if dsl == "cutedsl" else "cutlass"
     assert f"import {other}" not in source and f"from {other}" not in source
@@ -65,7 +72,7 @@ def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, tmp_path):
     problem = _load(_problem_file(pid), f"problem_{pid}")
     torch.manual_seed(0)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
-    solution = _load(SOLUTIONS / dsl / f"{pid}.py", f"solution_{dsl}_{pid}")
+    solution = _load(PATHS[pid, dsl], f"solution_{dsl}_{pid}")
     built = list(solution._prepare(*inputs, arch="sm_90a"))
     assert built, "the solution builds no kernel"
     if dsl == "cutedsl":
