@@ -9,7 +9,8 @@
 # and its files go with it.
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
-#   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice) -> h200.json
+#   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice; SOL_PENDING=1
+#              adds problems/solutions/pending/, not yet graded on a GPU) -> h200.json
 #   judge      pytest -m gpu tests/test_judge_gpu.py: valid kernels at full scale (paper, flushed), CPU hack
 #              fixtures graded on the GPU                             -> judge_records.json (JUDGE_ONLY=pytest -k expression)
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
@@ -70,7 +71,7 @@ for stage in "$@"; do
         $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) [ -f "$OUT/h200.json" ] || cp problems/solutions/h200.json "$OUT/h200.json"   # --merge keeps the others
         $PY artifact/generators/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
-          ${SOL_DSL:+--dsl "$SOL_DSL"} \
+          ${SOL_DSL:+--dsl "$SOL_DSL"} ${SOL_PENDING:+--pending} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" ${JUDGE_ONLY:+-k "$JUDGE_ONLY"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;

@@ -61,10 +61,17 @@ def markdown_table(records: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def shipped(problems: list[str] | None, dsls: list[str]) -> list[tuple[str, str, Path]]:
+PENDING = SOLUTIONS / "pending"
+"""Solutions written and built for sm_90a but not yet graded on a GPU (pending/README.md): not shipped, so the
+oracle does not use them; --pending grades them, and one that passes is moved up to problems/solutions/<dsl>/."""
+
+
+def shipped(problems: list[str] | None, dsls: list[str], pending: bool = False) -> list[tuple[str, str, Path]]:
     todo = []
     for dsl in dsls:
-        for path in sorted((SOLUTIONS / dsl).glob("p[0-9][0-9].py")):
+        found = sorted((SOLUTIONS / dsl).glob("p[0-9][0-9].py"))
+        found += sorted((PENDING / dsl).glob("p[0-9][0-9].py")) if pending else []
+        for path in found:
             if problems and path.stem not in problems:
                 continue
             todo.append((path.stem, dsl, path))
@@ -81,6 +88,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=None, help="judge timeout per variant (s)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--merge", action="store_true", help="replace matching records in --out, keep the others")
+    ap.add_argument("--pending", action="store_true",
+                    help="also grade problems/solutions/pending/ (written, not yet graded on a GPU)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--table", action="store_true", help="print a markdown table of --out and exit")
     args = ap.parse_args()
@@ -90,7 +99,7 @@ def main() -> int:
 
     from mkb.problems import load_catalog, problem_files, parse_problem  # noqa: F401
 
-    todo = shipped([p for p in args.problems.split(",") if p] or None, args.dsl.split(","))
+    todo = shipped([p for p in args.problems.split(",") if p] or None, args.dsl.split(","), args.pending)
     infos = {}
     for f in problem_files(ROOT / "problems"):
         try:
