@@ -52,6 +52,8 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     judge_tmpfs_mb: int = 4096
     """Size of each of a grading's tmpfs (the candidate's /tmp, the grading's /dev/shm), MiB; at most judge_memory_mb."""
+    dsl_policy: Literal["paper", "strict"] = "paper"
+    """DSL-use policy: paper (as the original: the DSL runs and computes the answer; its share of device time is recorded) or strict (the share must also reach 0.9, or the problem's DSL_SHARE)."""
     judge_unsafe_no_sandbox: bool = False
     """UNSAFE: when no OS sandbox can start, grade in plain processes that see the host (else infra_error)."""
     base_url: str | None = None

@@ -71,7 +71,7 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
     except LaunchError as exc:
         verdict, details, log_tail = {"status": Status.INFRA_ERROR, "message": str(exc)}, {}, ""
     details.update(static=[], timeout_s=timeout_s, scale=scale, timing_mode=timing if device == "cuda" else "none",
-                   environment=_environment(device))
+                   environment=_environment(device), dsl_policy=settings.dsl_policy)
     record = JudgeRecord(status=verdict["status"], message=verdict.get("message", ""), draws=verdict.get("draws", []),
                          kernel_ms=verdict.get("kernel_ms"), eager_ms=verdict.get("eager_ms"),
                          speedup=verdict.get("speedup"), dsl_check=verdict.get("dsl_check", "not_checked"),
@@ -86,7 +86,8 @@ def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, 
     plan = Plan.of(settings, device, timed, sandboxed, visible_devices)
     with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):
         try:
-            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus)
+            evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus,
+                                    dsl_policy=settings.dsl_policy)
         except BaseException:
             launch.close()
             raise

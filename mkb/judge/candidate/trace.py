@@ -1,13 +1,17 @@
-"""Profiler traces of solve(): which GPU kernels ran, on which stream, and for how long.
+"""Profiler traces of solve(): which GPU kernels ran, on which stream, for how long, launched from where.
 
 Standard library and torch only (runs in the candidate process, loaded by path). Each profiled
 call is bracketed by a `mkb_solve` range, followed by a one-kernel `mkb_marker` on the current
 stream; a solve kernel that ends after the marker starts ran outside the ordered stream (unjoined
-side-stream work that the timed window would miss).
+side-stream work that the timed window would miss). Every genuine DSL call runs inside an `mkb_dsl`
+range (knock.py), and each kernel instance is reported with where its launch happened: inside an
+ATen operator ("aten"), inside a DSL call ("dsl"), elsewhere ("other"), or unknown (no launch record):
+the referee's share.py counts the DSL's device time from that.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 from typing import Any, Callable
@@ -57,10 +61,30 @@ def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Call
     return summarize(events)
 
 
+class Spans:
+    """Is a time inside any of these (possibly nested) intervals? Sorted starts, running maximum of ends."""
+
+    def __init__(self, intervals: list[tuple[float, float]]):
+        intervals = sorted(intervals)
+        self.starts = [start for start, _ in intervals]
+        self.reach, furthest = [], float("-inf")
+        for _, end in intervals:
+            furthest = max(furthest, end)
+            self.reach.append(furthest)
+
+    def __contains__(self, ts: float) -> bool:
+        i = bisect.bisect_right(self.starts, ts) - 1
+        return i >= 0 and self.reach[i] >= ts
+
+
 def summarize(events: list[dict]) -> dict:
-    """Kernels launched inside mkb_solve ranges, per call, with escape and span facts."""
+    """Kernels launched inside mkb_solve ranges, per call, with escape, span and launch facts."""
     ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0), e["name"]) for e in events
                     if e.get("cat") == "user_annotation" and e.get("name") in ("mkb_solve", "mkb_marker"))
+    dsl_calls = Spans([(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                       if e.get("cat") == "user_annotation" and e.get("name") == "mkb_dsl"])
+    aten_ops = Spans([(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                      if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("aten::")])
     launches = {}
     for e in events:
         if e.get("cat") in LAUNCH_CATEGORIES and "correlation" in e.get("args", {}):
@@ -73,8 +97,10 @@ def summarize(events: list[dict]) -> dict:
         owner = _owner(ranges, launched) if launched is not None else _latest(ranges, e["ts"])
         if owner is None:
             continue
+        where = None if launched is None else "aten" if launched in aten_ops else "dsl" if launched in dsl_calls \
+            else "other"
         kernels.append({"name": e.get("name", "?"), "stream": e.get("args", {}).get("stream"),
-                        "ts": e["ts"], "dur": e.get("dur", 0), "range": owner, "cat": e.get("cat")})
+                        "ts": e["ts"], "dur": e.get("dur", 0), "range": owner, "cat": e.get("cat"), "launch": where})
     return _per_call(kernels)
 
 
@@ -121,6 +147,9 @@ def _per_call(kernels: list[dict]) -> dict:
         if marker is not None:
             escaped += [k["name"] for k in mine
                         if k["stream"] != marker["stream"] and k["ts"] + k["dur"] > marker["ts"] + 1.0]
+    call_of = {start: i for i, start in enumerate(solve_ranges)}
+    instances = [{"name": k["name"], "cat": k["cat"], "dur": k["dur"], "launch": k["launch"],
+                  "call": call_of[k["range"][0]]} for k in kernels if k["range"][1] == "mkb_solve"]
     names: dict[str, dict] = {}
     for k in kernels:
         if k["range"][1] != "mkb_solve" or k["cat"] != "kernel":
@@ -130,4 +159,4 @@ def _per_call(kernels: list[dict]) -> dict:
         entry["device_us"] += k["dur"]
         if k["stream"] not in entry["streams"]:
             entry["streams"].append(k["stream"])
-    return {"calls": calls, "kernels": list(names.values()), "escaped": sorted(set(escaped))}
+    return {"calls": calls, "kernels": list(names.values()), "escaped": sorted(set(escaped)), "instances": instances}

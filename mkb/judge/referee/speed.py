@@ -18,7 +18,7 @@ import torch
 
 from mkb import tensortree as tt
 from mkb.judge.candidate import wire
-from mkb.judge.referee import checks, cpus, policy, timing
+from mkb.judge.referee import checks, cpus, policy, share, timing
 from mkb.judge.referee.verdict import Failure
 from mkb.records import Status
 
@@ -123,6 +123,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
                            "restore": [i for i, _ in referee.positions]})
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
+    evidence.share = share.measure(profile, referee.stream.built, str(referee.dsl))
     device_ms = _per_call_ms(profile, "device_us")
     _cross_check(kernel, null, profile)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
