@@ -43,11 +43,17 @@ class FingerprintParts(Record):
     """sha256 of the transferred skill (skill arms only)."""
     budget: dict = {}
     """The attempt budget (wall clock, submissions, caps)."""
+    dsl_policy: str | None = None
+    """The DSL-use policy the attempt was graded under when it is not the paper's (strict); None: paper."""
 
     @property
     def sha256(self) -> str:
-        """The trial's fingerprint: sha256 over the canonical JSON of the parts."""
-        return sha256_of(self.model_dump(mode="json"))
+        """The trial's fingerprint: sha256 over the canonical JSON of the parts (the paper policy adds nothing,
+        so fingerprints taken before the policy existed still match)."""
+        parts = self.model_dump(mode="json")
+        if parts["dsl_policy"] is None:
+            del parts["dsl_policy"]
+        return sha256_of(parts)
 
 
 def sha256_of(value: Any) -> str:
@@ -61,7 +67,14 @@ def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget,
                             templates=templates_sha256(settings.problems_dir / "templates"),
                             docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
                             source_skill=source_skill if spec.arm.is_skill else None,
-                            budget=budget.model_dump(mode="json"))
+                            budget=budget.model_dump(mode="json"),
+                            dsl_policy=None if settings.dsl_policy == "paper" else settings.dsl_policy)
+
+
+def dsl_share_of(record) -> float | None:
+    """details.dsl_share of a judge record, when it is a number (issue #24)."""
+    share = (record.details or {}).get("dsl_share") if record is not None else None
+    return float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None
 
 
 class Outcome(Timings):
@@ -87,12 +100,15 @@ class Outcome(Timings):
     """How the agent's commands were isolated (bwrap, subprocess, docker:<image>)."""
     message: str = ""
     """Why it ended this way."""
+    dsl_share: float | None = None
+    """The final grading's DSL share (its record's details.dsl_share); None when it recorded none."""
 
     @classmethod
     def of(cls, result: AttemptResult) -> Outcome:
         """The recorded view of an agent attempt."""
         final = result.final
         return cls(state=State(result.state), status=result.status, speedup=final.speedup if final else None,
+                   dsl_share=dsl_share_of(final),
                    kernel_ms=final.kernel_ms if final else None, eager_ms=final.eager_ms if final else None,
                    skill_text=result.skill_text, usage=result.usage, n_submissions=result.n_submissions,
                    wall_s=max(0.0, result.wall_s - result.queue_s), queue_s=result.queue_s, sandbox=result.isolation,
@@ -109,7 +125,7 @@ def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: B
               if config else None, "request": config.request_params() if config else None,
               "budget": budget.model_dump(mode="json"), "sandbox": settings.sandbox,
               "image": settings.image if settings.sandbox == "docker" else None, "device": device.kind,
-              "scale": device.scale}
+              "scale": device.scale, "dsl_policy": settings.dsl_policy}
     facts = describe(with_gpu=False)
     run = Run(run_id=uuid.uuid4().hex, model=model, provider=provider or (config.provider if config else "oracle"),
               base_url=config.base_url if config else None, api_key_env=config.api_key_env if config else None,
@@ -203,7 +219,8 @@ class Recorder:
                 self._replace_skill(trial, outcome.skill_text, rows)
             rows.append(trial.model_copy(update={
                 "state": outcome.state, "status": outcome.status, "speedup": outcome.speedup,
-                "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "finished_at": finished,
+                "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "dsl_share": outcome.dsl_share,
+                "finished_at": finished,
                 "wall_s": outcome.wall_s, "queue_s": outcome.queue_s, "n_submissions": outcome.n_submissions,
                 "n_turns": outcome.usage.n_turns, "prompt_tokens": outcome.usage.prompt_tokens,
                 "completion_tokens": outcome.usage.completion_tokens, "cost_usd": outcome.usage.cost_usd,

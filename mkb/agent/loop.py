@@ -62,7 +62,7 @@ class AttemptResult(Record):
 def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor, budget: Budget, *,
                 grade: Grade, on_message: Callable[[int, dict[str, Any]], None],
                 on_submission: Callable[[Submission], None] | None = None, skill_text: str | None = None,
-                gpu: prompts.Gpu = prompts.Gpu(), problems_dir: Path,
+                gpu: prompts.Gpu = prompts.Gpu(), problems_dir: Path, dsl_policy: str = "paper",
                 cancel: threading.Event | None = None, now: Callable[[], float] = time.monotonic) -> AttemptResult:
     """Run one attempt in an already prepared workspace and grade its final kernel.py.
 
@@ -74,6 +74,7 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
         on_submission: called with each Submission as it is graded.
         skill_text: a transferred skill (skill arms); it goes into the first user message.
         problems_dir: the problem set's root (templates and DSL docs).
+        dsl_policy: the DSL-use policy the kernels are graded under (the instruction states it).
         cancel: set it to stop the attempt between turns (state interrupted, no final grading).
         now: the clock the budget is charged on.
     """
@@ -91,7 +92,7 @@ def run_attempt(problem: ProblemInfo, dsl: Dsl, model: Model, executor: Executor
 
     system = prompts.instruction(problem, dsl, gpu=gpu, budget_s=budget.wall_s, n_submissions=budget.n_submissions,
                                  workdir=executor.workdir, has_docs=has_docs(problems_dir, dsl),
-                                 templates_dir=templates_dir)
+                                 templates_dir=templates_dir, dsl_policy=dsl_policy)
     append({"role": "system", "content": system, "extra": {"isolation": executor.isolation, "limits": executor.limits}})
     append({"role": "user", "content": prompts.kickoff(executor.workdir, skill_text, templates_dir),
             "extra": {"skill": skill_text is not None}})

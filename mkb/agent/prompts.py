@@ -50,16 +50,20 @@ def templates_sha256(templates_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def contract_values(problem: ProblemInfo, dsl: Dsl) -> dict[str, Any]:
+def contract_values(problem: ProblemInfo, dsl: Dsl, dsl_policy: str = "paper") -> dict[str, Any]:
+    """What the contract (and the instruction, which includes it) is rendered with; dsl_policy is the DSL-use
+    policy in force (Settings.dsl_policy) and dsl_share_min the strict policy's floor for this problem."""
     return {"problem": problem, "dsl": str(dsl), "dsl_name": DSL_NAMES[dsl], "other_dsl_name": OTHER_DSL_NAMES[dsl],
-            "grading": GRADING}
+            "grading": GRADING, "dsl_policy": dsl_policy,
+            "dsl_share_min": problem.dsl_share_min if problem.dsl_share_min is not None else 0.9}
 
 
 def instruction(problem: ProblemInfo, dsl: Dsl, *, gpu: Gpu, budget_s: float | None, n_submissions: int,
-                workdir: str, has_docs: bool, templates_dir: Path) -> str:
+                workdir: str, has_docs: bool, templates_dir: Path, dsl_policy: str = "paper") -> str:
     """The instruction (system message): task, meaning of results, rules, contract, environment, budget."""
     budget_text = "unlimited time" if budget_s is None else f"{budget_s / 60:g} minutes"
-    return render("instruction.md.j2", templates_dir, **contract_values(problem, dsl), gpu=gpu.name, arch=gpu.arch,
+    return render("instruction.md.j2", templates_dir, **contract_values(problem, dsl, dsl_policy), gpu=gpu.name,
+                  arch=gpu.arch,
                   budget_text=budget_text, n_submissions=n_submissions, workdir=workdir, has_docs=has_docs,
                   versions=toolchain_versions())
 
@@ -69,6 +73,6 @@ def kickoff(workdir: str, skill_text: str | None, templates_dir: Path) -> str:
     return render("kickoff.md.j2", templates_dir, workdir=workdir, skill_text=skill_text)
 
 
-def contract(problem: ProblemInfo, dsl: Dsl, templates_dir: Path) -> str:
+def contract(problem: ProblemInfo, dsl: Dsl, templates_dir: Path, dsl_policy: str = "paper") -> str:
     """The public grading contract, written to the workspace as CONTRACT.md."""
-    return render("contract.md.j2", templates_dir, **contract_values(problem, dsl))
+    return render("contract.md.j2", templates_dir, **contract_values(problem, dsl, dsl_policy))

@@ -36,7 +36,7 @@ def _is_scratch(path: Path, root: Path) -> bool:
                for part in path.relative_to(root).parts)
 
 
-def prepare_workspace(problem: ProblemInfo, dsl: Dsl, path: Path, problems_dir: Path) -> Path:
+def prepare_workspace(problem: ProblemInfo, dsl: Dsl, path: Path, problems_dir: Path, dsl_policy: str = "paper") -> Path:
     """Create the workspace directory at path (which must not exist yet) and return it.
 
     Only public material goes in: the problem file (as problem.py), CONTRACT.md, docs/ — never
@@ -46,7 +46,7 @@ def prepare_workspace(problem: ProblemInfo, dsl: Dsl, path: Path, problems_dir: 
     path = Path(path)
     path.mkdir(parents=True)
     shutil.copyfile(problem.path, path / "problem.py")
-    (path / "CONTRACT.md").write_text(prompts.contract(problem, dsl, templates_dir), encoding="utf-8")
+    (path / "CONTRACT.md").write_text(prompts.contract(problem, dsl, templates_dir, dsl_policy), encoding="utf-8")
     docs = docs_dir(problems_dir, dsl)
     if docs.is_dir():
         shutil.copytree(docs, path / "docs", ignore=shutil.ignore_patterns(*SCRATCH))

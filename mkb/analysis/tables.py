@@ -1,4 +1,5 @@
-"""The report's tables, built from scored results: Table 1, family, standing, source verdict, arms, usage, cells."""
+"""The report's tables, built from scored results: Table 1, family, standing, source verdict, arms, usage, DSL share
+(shares.py), cells."""
 
 from __future__ import annotations
 
@@ -197,5 +198,8 @@ def table_cells(results: Results) -> Table:
 
 def all_tables(results: Results) -> list[Table]:
     """Every table of the report, in index order."""
+    from mkb.analysis.shares import table_dsl_share
+
     return [table_main(results), table_family(results), table_standing(results),
-            table_source_verdict(results), table_arms(results), table_usage(results), table_cells(results)]
+            table_source_verdict(results), table_arms(results), table_usage(results), table_dsl_share(results),
+            table_cells(results)]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, settings_from
+from mkb.cli import console, dsl_policy_option, settings_from
 from mkb.records import DSLS
 
 
@@ -26,6 +26,7 @@ from mkb.records import DSLS
 @click.option("--scale", type=click.Choice(["full", "smoke"]), default="full", show_default=True,
               help="Problem size: smoke is the tiny CPU-test workload.")
 @click.option("--db", type=click.Path(dir_okay=False), default=None, help="Store the record in this results database.")
+@dsl_policy_option
 @click.pass_context
 def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, db):
     """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 1 otherwise.
@@ -35,6 +36,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
     \b
         mkb verify p28 --dsl cutedsl kernel.py --json
         mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
+        mkb verify p28 --dsl cutedsl kernel.py --dsl-policy strict
     """
     from mkb.environment import resolve_device
     from mkb.judge import grade, prepare_host

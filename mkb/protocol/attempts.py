@@ -98,14 +98,14 @@ def make_attempt(sink: Sink, model_name: str, model_for: Callable[[TrialSpec], M
 
     def attempt(spec: TrialSpec, ctx: AttemptContext) -> Outcome:
         workdir = prepare_workspace(spec.problem, spec.arm.dsl, settings.home / "workspaces" / slug(model_name)
-                                    / spec.trial_id / ctx.attempt_id, settings.problems_dir)
+                                    / spec.trial_id / ctx.attempt_id, settings.problems_dir, settings.dsl_policy)
         executor = make_executor(settings, workdir)
         transcript = Transcript(sink, ctx.attempt_id)
         try:
             result = run_attempt(spec.problem, spec.arm.dsl, model_for(spec), executor, budget,
                                  grade=grade_for(spec), on_message=transcript.message,
                                  on_submission=transcript.submission, skill_text=ctx.skill_text, gpu=gpu,
-                                 problems_dir=settings.problems_dir, cancel=ctx.cancel)
+                                 problems_dir=settings.problems_dir, dsl_policy=settings.dsl_policy, cancel=ctx.cancel)
         finally:
             executor.close()
         return Outcome.of(result)

@@ -95,3 +95,13 @@ def m002_wall_s_is_agent_time(db: duckdb.DuckDBPyConnection) -> None:
                f"WHERE wall_s IS NOT NULL AND queue_s IS NOT NULL AND {by_attempt}")
     db.execute(f"UPDATE trials SET wall_s = NULL, message = concat_ws(' ', message, ?) "
                f"WHERE wall_s IS NOT NULL AND queue_s IS NULL AND {by_attempt}", [WALL_S_UNKNOWN])
+
+
+@migration
+def m020_trials_dsl_share(db: duckdb.DuckDBPyConnection) -> None:
+    """trials.dsl_share: the final grading's DSL share of device time (issue #24), filled from stored records."""
+    db.execute("ALTER TABLE trials ADD COLUMN dsl_share DOUBLE")
+    db.execute("""
+    UPDATE trials SET dsl_share = TRY_CAST(json_extract(s.record, '$.details.dsl_share') AS DOUBLE)
+    FROM submissions s
+    WHERE s.attempt_id = trials.attempt_id AND s.kind = 'final'""")

@@ -137,6 +137,8 @@ class Trial(Progress, Timings):
     """Tokens received over the attempt."""
     cost_usd: float | None = None
     """Provider-reported cost, where reported."""
+    dsl_share: float | None = None
+    """The final grading's share of solve()'s profiled device time done by the declared DSL (details.dsl_share)."""
 
 
 class Attempt(Progress):

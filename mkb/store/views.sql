@@ -37,7 +37,7 @@ SELECT t.model, m.is_oracle, m.label AS model_label, t.trial_id, t.run_id, t.pro
        t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' AS passed,
        CASE WHEN t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' THEN coalesce(t.speedup, 0) ELSE 0 END AS speedup,
        t.source_trial_id, t.skill_sha256, t.kernel_ms, t.eager_ms, t.wall_s, t.queue_s,
-       t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd
+       t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd, t.dsl_share
 FROM trials t
 JOIN model_labels m USING (model)
 LEFT JOIN problems p USING (problem_id);

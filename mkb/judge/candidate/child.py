@@ -68,13 +68,14 @@ class Candidate:
 
     def __init__(self, spec: dict):
         self.spec, self.device = spec, spec["device"]
-        self.channel = wire.Channel(spec["cmd_fd"], spec["reply_fd"])
-        self.emit = wire.emitter(self.channel)
+        self.recv, self.send, self.emit = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
         self.fingerprint = None
         self.solve = None
         self.pool, self.slots, self.events = [], None, {}
         self.observed: dict = {"role": spec["role"], "findings": []}
-        self.new_state, self.describe, self.copy_into = knock.SolveState, guards.describe, guards.copy_into
+        self.new_state, self.describe, self.copy_into = knock.new_state, guards.describe, guards.copy_into
+        self.mark = object()
+        """Only this instance and the core hold it: it tells the harness's draw state from a look-alike."""
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -90,7 +91,7 @@ class Candidate:
         if self.spec["role"] == "candidate":
             finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
             from_candidate = seal.install(seal.Roots(_HERE, os.path.dirname(self.spec["kernel"])), finding)
-            core = knock.make_core(self.emit, globals(), finding)
+            core = knock.make_core(self.emit, globals(), finding, self.mark)
             watcher = hooks.install(core, extra=guards.forbidden_callbacks(core, finding, from_candidate))
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)
@@ -107,7 +108,7 @@ class Candidate:
         self.report_integrity()
         os.write(self.spec["ready_fd"], b"ready")
         os.close(self.spec["ready_fd"])
-        self.channel.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
+        self.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
                            "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
@@ -160,8 +161,8 @@ class Candidate:
             return _error(exc, "infra_error")
 
     def cmd_solve(self, msg: dict, flag: int) -> dict:
-        """One correctness draw; flag is its mode (knock.py), which only the SolveState holds from here on."""
-        state = self.new_state(flag if flag in (1, 2, 3) else 0, msg.get("plan"))  # literals: see knock.py
+        """One correctness draw; flag is its mode (knock.py), which only the draw's state holds from here on."""
+        state = self.new_state(self.mark, flag, msg.get("plan"))
         del flag
         try:
             inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
@@ -182,7 +183,7 @@ class Candidate:
         return reply
 
     def run_solve(self, state, inputs: list):
-        """solve() under a draw's SolveState: the DSL hooks find `state` in this frame (knock.find_state)."""
+        """solve() under a draw's state: the DSL hooks find `state` in this frame (knock.make_core)."""
         out = self.solve(*inputs)
         self.sync()
         return out
@@ -206,7 +207,7 @@ class Candidate:
             self.events[name] = _Event(interprocess=True)
             self.events[name].record()
         self.sync()
-        self.channel.spin = True
+        os.set_blocking(self.spec["cmd_fd"], False)  # busy-poll: see wire.Channel.spin
         return {"ok": True, "event_b": wire.event_handle(self.events["b"]),
                 "event_b2": wire.event_handle(self.events["b2"])}
 
@@ -223,22 +224,22 @@ class Candidate:
             else:
                 out = self.solve(*self.pool[msg["set"]])
         except BaseException as exc:  # a failure in a timed call is a runtime error like any other
-            self.channel.send(_error(exc, "runtime_error"))
+            self.send(_error(exc, "runtime_error"))
             return
         end.record()
         self.events["b"].record(stream)
-        self.channel.send({"ok": True, "launched": msg["k"]})
+        self.send({"ok": True, "launched": msg["k"]})
         _sync()
         self.events["b2"].record(stream)
-        self.channel.send({"ok": True, "synced": msg["k"]})
+        self.send({"ok": True, "synced": msg["k"]})
         copied = msg.get("null") or self.copy_into(self.slots, out)
         _sync()
-        self.channel.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(end)),
+        self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(end)),
                            "copied": bool(copied)})
 
     def cmd_profile(self, msg: dict) -> dict:
-        self.channel.spin = False
-        inputs = self.pool[msg["set"]]
+        os.set_blocking(self.spec["cmd_fd"], True)
+        inputs = self.pool[msg["set"]] if "inputs" not in msg else self._open(msg["inputs"])
         kept = [(inputs[i], inputs[i].clone()) for i in msg.get("restore", [])]  # in-place inputs, as drawn
 
         def restore():
@@ -247,7 +248,8 @@ class Candidate:
 
         try:
             return {"ok": True, **trace.profile_calls(lambda: self.solve(*inputs), msg["calls"],
-                                                       self.spec["workdir"], _sync, before=restore)}
+                                                       self.spec["workdir"], self.sync, before=restore,
+                                                       device=self.device)}
         except BaseException as exc:  # the profiler failing is reported, not fatal
             return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
         finally:
@@ -266,7 +268,7 @@ class Candidate:
                     "timing_setup": self.cmd_timing_setup,
                     "profile": self.cmd_profile, "report": self.cmd_report}
         while True:
-            msg, flag = self.channel.recv_flagged()
+            msg, flag = self.recv()
             if msg.get("cmd") == "finish":
                 return
             if msg.get("cmd") == "timed":
@@ -277,7 +279,7 @@ class Candidate:
             else:
                 reply = handlers[msg["cmd"]](msg)
             del flag
-            self.channel.send(reply)
+            self.send(reply)
 
 
 class _strict_precision:
@@ -303,6 +305,7 @@ def main() -> int:
         return 0
     spec_at = time.monotonic()
     candidate = Candidate(spec)
+    globals().pop("Candidate")  # a candidate can rewrite any class it reaches: this one it will not reach
     candidate.start(spec_at)
     try:
         candidate.serve()

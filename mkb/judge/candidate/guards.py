@@ -56,7 +56,9 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callab
     """
     roots = {"time": time, "torch": torch, "builtins": builtins, "sys": sys, "os": os, "json": json,
              "struct": struct}
-    dicts = [(m.__name__, vars(m)) for m in own]
+    dicts = []
+    for module in own:
+        dicts.append((module.__name__, vars(module)))
     meta_path, getattr_, id_, str_, type_, callable_ = sys.meta_path, getattr, id, str, type, callable
     list_, enumerate_, watched = list, enumerate, WATCHED
     dispatch_depth, function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
@@ -192,7 +194,7 @@ def _patch_driver(core, finding, module) -> None:
             continue
 
         def load(*args, _original=original, _name=name, _core=core, _finding=finding, **kwargs):
-            if not _core.inside():
+            if not _core["inside"]():
                 _finding(f"cuda.bindings.driver.{_name} loaded a GPU module outside a DSL call")
             return _original(*args, **kwargs)
 
@@ -205,7 +207,7 @@ def _patch_nvrtc(core, finding, module) -> None:
         return
 
     def nvrtcCompileProgram(*args, _original=original, _core=core, _finding=finding, **kwargs):
-        if not _core.inside():
+        if not _core["inside"]():
             _finding("NVRTC compiled a program outside a DSL compile")
         return _original(*args, **kwargs)
 

@@ -29,8 +29,8 @@ KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\
 def install(core, extra: dict[str, Callable] | None = None) -> importlib.abc.MetaPathFinder:
     """Watch the DSLs (and the modules in extra); patch those already imported. Returns the watcher."""
     entries = make_entries(core)
-    callbacks = {"cutlass.cute": lambda m, _e=entries: _e.patch_cute(),
-                 "tvm": lambda m, _e=entries: _e.patch_tvm(), **(extra or {})}
+    callbacks = {"cutlass.cute": lambda m, _e=entries: _e["patch_cute"](),
+                 "tvm": lambda m, _e=entries: _e["patch_tvm"](), **(extra or {})}
     for name, callback in callbacks.items():
         if name in sys.modules:
             callback(sys.modules[name])
@@ -90,22 +90,18 @@ def tvm_symbols(module) -> list[str]:
     return sorted(set(found))
 
 
-class Entries:
-    """The DSL entry points' implementations (closures made by make_entries)."""
-
-    __slots__ = ("patch_cute", "patch_tvm", "cute_compile", "cute_jit", "cute_run", "call", "tvm_compile",
-                 "tvm_build", "tirx_build", "tvm_load", "tvm_get_function", "tvm_call")
-
-
-def make_entries(core) -> Entries:
-    """The entry points over core; no global name is looked up inside (a test disassembles them)."""
+def make_entries(core: dict) -> dict:
+    """The entry points over core (a dict of closures, as core is): built-in containers only, since a candidate
+    can replace the attributes of any class it reaches; no global name is looked up inside (a test checks)."""
     modules, symbols_of_cute, symbols_of_tvm = sys.modules, cute_symbols, tvm_symbols
     type_, getattr_, setattr_, str_, sorted_, object_ = type, getattr, setattr, str, sorted, object
     TypeError_, set_attr = TypeError, object.__setattr__
     originals: dict = {}
     """What the patches replaced, by name, and each patched class's own __call__ (by class)."""
     dsls: list = []
-    entries = Entries()
+    entries: dict = {}
+    dsl_call, register, genuine, built, compile_scope = (core["dsl_call"], core["register"], core["genuine"],
+                                                         core["built"], core["compile_scope"])
 
     def patch_call(klass) -> None:
         call = klass.__dict__.get("__call__")
@@ -128,64 +124,64 @@ def make_entries(core) -> Entries:
         fallback = original_call(args[0])
         if fallback is None:
             raise TypeError_("not a callable the DSL runtime built")
-        return core.dsl_call(args[0], fallback, args, kwargs)
+        return dsl_call(args[0], fallback, args, kwargs)
 
     def cute_compile(args: tuple, kwargs: dict):
-        result = core.compile_scope(originals["cute.compile"], args, kwargs)
+        result = compile_scope(originals["cute.compile"], args, kwargs)
         symbols = symbols_of_cute(result)
         for klass in type_(result).__mro__:
             patch_call(klass)
         found = original_call(result)
         if found is not None:
-            core.register(result, "cutedsl", found, "cutedsl:" + ",".join(sorted_(symbols)), symbols)
-        core.built("cutedsl", symbols)
+            register(result, "cutedsl", found, "cutedsl:" + ",".join(sorted_(symbols)), symbols)
+        built("cutedsl", symbols)
         return result
 
     def cute_jit(args: tuple, kwargs: dict):
         dsl = args[0]
-        if not core.genuine(dsl):
+        if not genuine(dsl):
             for klass in dsls:  # the DSL's own singleton (compared by identity, never by __eq__)
                 if type_(dsl) is klass:
-                    core.register(dsl, "cutedsl", originals["cute.jit"], "cutedsl:jit", [])
-        return core.dsl_call(dsl, originals["cute.jit"], args, kwargs)
+                    register(dsl, "cutedsl", originals["cute.jit"], "cutedsl:jit", [])
+        return dsl_call(dsl, originals["cute.jit"], args, kwargs)
 
     def cute_run(args: tuple, kwargs: dict):
-        core.built("cutedsl", symbols_of_cute(args[0]))
+        built("cutedsl", symbols_of_cute(args[0]))
         return originals["cute.run"](*args, **kwargs)
 
     def tvm_register(result):
         symbols = symbols_of_tvm(result)
-        core.register(result, "tirx", None, "tirx:module", symbols)
+        register(result, "tirx", None, "tirx:module", symbols)
         inner = getattr_(result, "mod", None)
         if inner is not None:
-            core.register(inner, "tirx", None, "tirx:module", symbols)
-        core.built("tirx", symbols)
+            register(inner, "tirx", None, "tirx:module", symbols)
+        built("tirx", symbols)
         return result
 
     def tvm_compile(args: tuple, kwargs: dict):
-        return tvm_register(core.compile_scope(originals["tvm.compile"], args, kwargs))
+        return tvm_register(compile_scope(originals["tvm.compile"], args, kwargs))
 
     def tvm_build(args: tuple, kwargs: dict):
-        return tvm_register(core.compile_scope(originals["tvm.build"], args, kwargs))
+        return tvm_register(compile_scope(originals["tvm.build"], args, kwargs))
 
     def tirx_build(args: tuple, kwargs: dict):
-        return tvm_register(core.compile_scope(originals["tirx.build"], args, kwargs))
+        return tvm_register(compile_scope(originals["tirx.build"], args, kwargs))
 
     def tvm_load(args: tuple, kwargs: dict):
         return tvm_register(originals["tvm.load_module"](*args, **kwargs))
 
     def tvm_get_function(args: tuple, kwargs: dict):
         fn = originals["tvm.get_function"](*args, **kwargs)
-        if fn is None or not core.genuine(args[0]):
+        if fn is None or not genuine(args[0]):
             return fn
         wrapper = TvmFunction()
         set_attr(wrapper, "_fn", fn)
         symbols = symbols_of_tvm(args[0])
-        core.register(wrapper, "tirx", fn, "tirx:" + str_(args[1]) + ":" + ",".join(symbols), symbols)
+        register(wrapper, "tirx", fn, "tirx:" + str_(args[1]) + ":" + ",".join(symbols), symbols)
         return wrapper
 
     def tvm_call(args: tuple, kwargs: dict):
-        return core.dsl_call(args[0], refuse, args[1:], kwargs)
+        return dsl_call(args[0], refuse, args[1:], kwargs)
 
     def refuse(*args, **kwargs):
         raise TypeError_("this TVM function wrapper was not made by the DSL runtime")
@@ -220,37 +216,36 @@ def make_entries(core) -> Entries:
         originals["tvm.get_function"] = tvm.runtime.Module.get_function
         setattr_(tvm.runtime.Module, "get_function", tvm_get_function_trampoline)
 
-    (entries.patch_cute, entries.patch_tvm, entries.cute_compile, entries.cute_jit, entries.cute_run, entries.call,
-     entries.tvm_compile, entries.tvm_build, entries.tirx_build, entries.tvm_load, entries.tvm_get_function,
-     entries.tvm_call) = (patch_cute, patch_tvm, cute_compile, cute_jit, cute_run, call, tvm_compile, tvm_build,
-                          tirx_build, tvm_load, tvm_get_function, tvm_call)
+    entries.update(patch_cute=patch_cute, patch_tvm=patch_tvm, cute_compile=cute_compile, cute_jit=cute_jit,
+                   cute_run=cute_run, call=call, tvm_compile=tvm_compile, tvm_build=tvm_build, tirx_build=tirx_build,
+                   tvm_load=tvm_load, tvm_get_function=tvm_get_function, tvm_call=tvm_call)
 
     def call_trampoline(self, *args, _e=entries, **kwargs):
-        return _e.call((self,) + args, kwargs)
+        return _e["call"]((self,) + args, kwargs)
 
     def cute_compile_trampoline(*args, _e=entries, **kwargs):
-        return _e.cute_compile(args, kwargs)
+        return _e["cute_compile"](args, kwargs)
 
     def cute_jit_trampoline(*args, _e=entries, **kwargs):
-        return _e.cute_jit(args, kwargs)
+        return _e["cute_jit"](args, kwargs)
 
     def cute_run_trampoline(*args, _e=entries, **kwargs):
-        return _e.cute_run(args, kwargs)
+        return _e["cute_run"](args, kwargs)
 
     def tvm_compile_trampoline(*args, _e=entries, **kwargs):
-        return _e.tvm_compile(args, kwargs)
+        return _e["tvm_compile"](args, kwargs)
 
     def tvm_build_trampoline(*args, _e=entries, **kwargs):
-        return _e.tvm_build(args, kwargs)
+        return _e["tvm_build"](args, kwargs)
 
     def tirx_build_trampoline(*args, _e=entries, **kwargs):
-        return _e.tirx_build(args, kwargs)
+        return _e["tirx_build"](args, kwargs)
 
     def tvm_load_trampoline(*args, _e=entries, **kwargs):
-        return _e.tvm_load(args, kwargs)
+        return _e["tvm_load"](args, kwargs)
 
     def tvm_get_function_trampoline(*args, _e=entries, **kwargs):
-        return _e.tvm_get_function(args, kwargs)
+        return _e["tvm_get_function"](args, kwargs)
 
     class TvmFunction:
         """A genuine TVM function: its calls go through the core."""
@@ -258,7 +253,7 @@ def make_entries(core) -> Entries:
         __slots__ = ("_fn",)
 
         def __call__(self, *args, _e=entries, **kwargs):
-            return _e.tvm_call((self,) + args, kwargs)
+            return _e["tvm_call"]((self,) + args, kwargs)
 
         def __getattr__(self, name, _get=object_.__getattribute__, _getattr=getattr_):
             return _getattr(_get(self, "_fn"), name)

@@ -6,8 +6,8 @@ import watcher's refer to it, and the seal refuses the candidate __defaults__, f
 collector, so its functions are unreachable; their code looks up no global name (a test disassembles
 them), so replacing names in a module's dict later changes nothing here.
 
-A correctness draw's mode reaches the harness as the command's flag (wire.py) and lives in a SolveState in
-the harness's solve frame; dsl_call finds it by walking its own stack. Modes:
+A correctness draw's mode reaches the harness as the command's flag (wire.py) and lives in a state list in
+the harness's solve frame (new_state); dsl_call finds it by walking its own stack. Modes:
 
 - OBSERVE (the first draw): run the call; report which tensor arguments it wrote, their scale, its time.
 - KNOCK_NAN, KNOCK_NOISE: skip the call, wait the time it took when observed, and overwrite what it wrote
@@ -33,39 +33,29 @@ NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE = 0, 1, 2, 3
 """Flags of a solve command (wire.py): the draw's mode."""
 
 
-class SolveState:
-    """One correctness draw's mode and the referee's plan, held in the harness's solve frame only."""
-
-    __slots__ = ("mode", "plan", "depth", "compiling")
-
-    def __init__(self, mode: int, plan: dict | None):
-        self.mode = mode
-        self.plan = plan if type(plan) is dict else {}
-        """key -> {"args": [position, ...], "stats": {position: {...}}, "s": seconds}, from the observed draw."""
-        self.depth = 0
-        self.compiling = 0
-
-    def __repr__(self) -> str:
-        return "<solve>"
+MARK, MODE, PLAN, DEPTH, COMPILING = range(5)
+"""A draw's state is a plain list [mark, mode, plan, depth, compiling]: built-in types only, because a
+candidate can replace any attribute of any class it reaches (class attributes are not audited), and
+the mark is a private object only the harness and the core hold, so a list the candidate builds is not
+taken for the harness's."""
 
 
-class Core:
-    """The core's functions (closures); only the public hooks' defaults and the watcher hold one."""
-
-    __slots__ = ("dsl_call", "register", "genuine", "built", "compile_scope", "inside")
-
-    def __repr__(self) -> str:
-        return "<core>"
+def new_state(mark: object, mode: int, plan) -> list:
+    """A draw's state: mode (a flag value) and the referee's plan, key -> {"args", "stats", "s"}."""
+    return [mark, mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
 
 
-def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Callable[[str], None]) -> Core:
-    """The core, reporting through emit and finding; harness_globals is the dict of the harness's solve runner.
+def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Callable[[str], None],
+              mark: object) -> dict:
+    """The core (a dict of closures), reporting through emit and finding.
 
-    A frame runs with that dict only when it runs the harness's own code (the seal refuses the candidate
-    exec and new functions), so the first such frame holding a SolveState named `state` is the runner's.
+    harness_globals is the dict of the harness's solve runner: a frame runs with it only when it runs the
+    harness's own code (the seal refuses the candidate exec and new functions), so the first such frame
+    holding a local `state` that is a list starting with mark is the runner's.
     """
     getframe, perf, urandom = __import__("sys")._getframe, time.perf_counter, os.urandom
-    normal, observe, knock_nan, knock_noise, State = NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE, SolveState
+    normal, observe, knock_nan, knock_noise = NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE
+    i_mode, i_plan, i_depth, i_compiling = MODE, PLAN, DEPTH, COMPILING
     Tensor, empty, generator_of, from_dlpack = torch.Tensor, torch.empty, torch.Generator, torch.from_dlpack
     no_grad, record_function = torch.no_grad, torch.autograd.profiler.record_function
     profiling, dispatch_depth = torch.autograd._profiler_enabled, torch._C._len_torch_dispatch_stack
@@ -77,7 +67,7 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
                                                   Tensor.clamp_, Tensor.random_)
     t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
         torch.isfinite, Tensor.double, Tensor.mean, Tensor.std, Tensor.min, Tensor.max, Tensor.item, Tensor.numel)
-    t_lt, t_uniform = Tensor.lt, Tensor.uniform_
+    t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
     dtype_of = Tensor.dtype.__get__
     device_of = Tensor.device.__get__
     shape_of = Tensor.shape.__get__
@@ -98,7 +88,7 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
         while frame is not None:
             if frame.f_globals is harness_globals:
                 state = frame.f_locals.get("state")
-                if type_(state) is State:
+                if type_(state) is list_ and len_(state) == 5 and state[0] is mark:
                     return state
             frame = frame.f_back
         return None
@@ -129,7 +119,7 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
         if dtype is tbool:
             return {"p": float_(t_item(t_mean(t_float(t))))}
         if is_float(t):
-            finite = t_float(t)[t_isfinite(t)]
+            finite = t_getitem(t_float(t), t_isfinite(t))
             if t_numel(finite) == 0:
                 return None
             std = float_(t_item(t_std(finite))) if t_numel(finite) > 1 else 0.0
@@ -143,7 +133,7 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
         key = str_(device)
         if key not in generators:
             made = generator_of(device=device)
-            made.manual_seed(int_.from_bytes(urandom(8), "little") >> 1)
+            seed_of(made, int_.from_bytes(urandom(8), "little") >> 1)
             generators[key] = made
         return generators[key]
 
@@ -210,15 +200,15 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
             return fallback(*args, **kwargs)
         dsl, call, key, symbols = entry
         state = find_state()
-        if state is None or state.depth or state.compiling:
+        if state is None or state[i_depth] or state[i_compiling]:
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
             finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
             raise PermissionError_("no torch dispatch or function mode may be active during a DSL call")
-        state.depth += 1
+        state[i_depth] += 1
         try:
             tensors = tensor_args(args, kwargs)
-            mode, planned = state.mode, state.plan.get(key)
+            mode, planned = state[i_mode], state[i_plan].get(key)
             with no_grad():
                 if mode == observe:
                     before = {p: t_clone(t) for p, t in tensors.items()}
@@ -241,7 +231,7 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
             return result
         finally:
-            state.depth -= 1
+            state[i_depth] -= 1
 
     def register(obj, dsl: str, call, key: str, symbols: list) -> None:
         if id_(obj) not in registry:
@@ -257,19 +247,17 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
     def compile_scope(fn, args: tuple, kwargs: dict):
         state = find_state()
         if state is not None:
-            state.compiling += 1
+            state[i_compiling] += 1
         active[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
             active[0] -= 1
             if state is not None:
-                state.compiling -= 1
+                state[i_compiling] -= 1
 
     def inside() -> bool:
         return active[0] > 0
 
-    core = Core()
-    core.dsl_call, core.register, core.genuine, core.built, core.compile_scope, core.inside = (
-        dsl_call, register, genuine, built, compile_scope, inside)
-    return core
+    return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
+            "compile_scope": compile_scope, "inside": inside}

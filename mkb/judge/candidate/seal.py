@@ -57,13 +57,16 @@ TRANSPARENT = ("/torch/_jit_internal.py", "/torch/jit/", "/torch/_sources.py", "
 """Library files that act for their caller (return frames, compile native code): their caller decides."""
 READERS = {("object.__getattr__", "_walk_tb_with_full_positions"): "_extract_from_extended_frame_gen",
            ("object.__getattr__", "_extract_from_extended_frame_gen"): None,
-           ("object.__getattr__", "findCaller"): None,
+           ("object.__getattr__", "findCaller"): None, ("object.__getattr__", "_is_internal_frame"): "findCaller",
            ("sys._getframe", "<lambda>"): "findCaller",
            ("sys._getframe", "_caller"): None, ("sys._getframe", "namedtuple"): None,
-           ("sys._getframe", "_create_"): None}
-"""Standard-library readers of frames that return only text: (event, reader) -> the consumer it must serve
+           ("sys._getframe", "_create_"): None,
+           ("compile", "namedtuple"): None, ("exec", "namedtuple"): None, ("object.__setattr__", "namedtuple"): None,
+           ("compile", "_create_fn"): None, ("exec", "_create_fn"): None}
+"""Standard-library code that reads frames only to return text, or compiles code from a fixed template
+(named <string>, so the code it makes decides nothing): (event, reader) -> the consumer it must serve
 (None: any). traceback formats an exception; logging finds its caller's file and line; typing, namedtuple
-and enum name the module that defines a class."""
+and enum name the module that defines a class; namedtuple and dataclasses generate their methods."""
 _MODULE_OF = {type: type.__dict__["__module__"], types.FunctionType: types.FunctionType.__dict__["__module__"]}
 
 
@@ -158,7 +161,7 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
 
     def own(obj) -> bool:
         """A class or function of kernel.py (read through the type's own slot, never the object's lookup)."""
-        getter = _MODULE_OF.get(type(obj)) or (_MODULE_OF[type] if isinstance(obj, type) else None)
+        getter = _MODULE_OF.get(type(obj)) or (_MODULE_OF[type] if issubclass(type(obj), type) else None)
         try:
             module = getter.__get__(obj) if getter is not None else None
         except Exception:  # a class without a module
@@ -168,17 +171,18 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
     def refused(event: str, args: tuple) -> str | None:
         if event in PATH_EVENTS and not roots.sensitive(event, args):
             return None
-        if event in ("object.__setattr__", "object.__delattr__") and own(args[0]):
-            return None
+        if event in ("object.__getattr__", "object.__setattr__", "object.__delattr__") and own(args[0]):
+            return None  # its own classes and functions
         frame = getframe(2)  # the frame that raised the event (0: this function, 1: the hook)
-        if event in ("object.__getattr__", "sys._getframe") and allowed_reader(event, frame):
+        if event in ("object.__getattr__", "object.__setattr__", "sys._getframe", "compile", "exec") \
+                and allowed_reader(event, frame):
             return None
         kind, who = origin(frame)
         if kind in ("harness", "library", "import:harness", "import:library"):
             return None
-        if event == "import":
+        if event == "import":  # only the candidate's own import statements are checked (not a library's imports)
             top = (plain(args[0]) or "?").split(".")[0]
-            return f"import of {top}" if top in FORBIDDEN_IMPORTS else None
+            return f"imported {top}" if top in FORBIDDEN_IMPORTS and _importer(frame, roots) == "candidate" else None
         if kind == "import:candidate" and event in IMPORT_WORK and _loading_library(frame, roots):
             return None
         where = f" at {os.path.basename(who.f_code.co_filename)}:{who.f_lineno}" if who is not None else ""
@@ -196,15 +200,21 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
         finally:
             busy.discard(tid)
         if why is not None:
-            report(f"kernel.py used {why} at run time (forbidden: it reaches the grader's state or leaves the "
-                   f"sandbox's rules)")
-            raise PermissionError(f"{why}: not allowed in kernel.py (grading integrity)")
+            report(f"kernel.py {why}: forbidden at run time (it reaches the grader's state or leaves the sandbox)")
+            raise PermissionError(f"kernel.py {why}: not allowed (grading integrity)")
 
     def from_candidate() -> bool:
         return origin(getframe(2))[0] in ("candidate", "import:candidate")
 
     sys.addaudithook(hook)
     return from_candidate
+
+
+def _importer(frame, roots: Roots) -> str:
+    """The kind of the frame whose import statement (or __import__ call) the import machinery is serving."""
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+        frame = frame.f_back
+    return "candidate" if frame is None else roots.kind(frame.f_code.co_filename)
 
 
 def _loading_library(frame, roots: Roots) -> bool:
@@ -231,5 +241,5 @@ def _describe(event: str, args: tuple) -> str:
         verb = {"object.__getattr__": "read", "object.__setattr__": "set", "object.__delattr__": "deleted"}[event]
         return f"{verb} the attribute {plain(args[1]) or '?'}"
     if event in PATH_EVENTS:
-        return f"{event}({plain(args[0]) or '?'!r})"
-    return event
+        return f"called {event}({plain(args[0]) or '?'!r})"
+    return f"called {event}"

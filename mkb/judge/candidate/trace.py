@@ -19,6 +19,13 @@ from typing import Any, Callable
 import torch
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+BOOKKEEPING = frozenset(f"aten::{name}" for name in (
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "ones", "full", "zeros_like",
+    "ones_like", "full_like", "clone", "to", "contiguous", "view", "reshape", "_reshape_alias", "as_strided",
+    "detach", "alias", "lift_fresh", "resolve_conj", "resolve_neg", "_unsafe_view", "expand", "permute", "t",
+    "transpose", "select", "slice", "narrow", "squeeze", "unsqueeze", "split", "chunk", "unbind"))
+"""ATen operators that allocate, alias or only wrap another operator (its copy_ or fill_ is an event of its own):
+on CPU they are no one's compute."""
 
 
 def _profiler(device: str | None):
@@ -38,11 +45,19 @@ def warm_up() -> None:
 
 
 def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None],
-                  before: Callable[[], None] = lambda: None) -> dict:
+                  before: Callable[[], None] = lambda: None, device: str = "cuda") -> dict:
     """Run solve() `calls` times under the Kineto profiler; return kernels and per-call summaries.
 
     before() runs ahead of every call, outside the solve ranges (it puts in-place inputs back as drawn).
+    On CPU there are no kernels: the summary is the DSL's and ATen's time (summarize_cpu).
     """
+    if device == "cpu":
+        with _profiler(None) as prof:
+            for _ in range(calls):
+                before()
+                with torch.profiler.record_function("mkb_solve"):
+                    solve()
+        return summarize_cpu(_events(prof, workdir))
     marker = torch.zeros(1, device="cuda")
     sync()
     with _profiler("cuda") as prof:
@@ -53,12 +68,34 @@ def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Call
             with torch.profiler.record_function("mkb_marker"):
                 marker.add_(1)
             sync()
+    return summarize(_events(prof, workdir))
+
+
+def _events(prof, workdir: str) -> list[dict]:
     path = os.path.join(workdir, "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as fh:
         events = json.load(fh).get("traceEvents", [])
     os.unlink(path)
-    return summarize(events)
+    return events
+
+
+def summarize_cpu(events: list[dict]) -> dict:
+    """On CPU, per profiled call: the time inside genuine DSL calls that no computing ATen operator took (dsl_us),
+    and the time of DSL calls and computing ATen operators together (total_us); their ratio is the share."""
+    def spans(name: str) -> list[tuple[float, float]]:
+        return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                if e.get("cat") == "user_annotation" and e.get("name") == name]
+
+    dsl = spans("mkb_dsl")
+    aten = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events if e.get("cat") == "cpu_op"
+            and str(e.get("name", "")).startswith("aten::") and e.get("name") not in BOOKKEEPING]
+    calls = []
+    for start, end in sorted(spans("mkb_solve")):
+        inside = lambda found: [(max(a, start), min(b, end)) for a, b in found if a < end and b > start]  # noqa: E731
+        ops, both = busy_us(inside(aten)), busy_us(inside(dsl) + inside(aten))
+        calls.append({"dsl_us": both - ops, "total_us": both, "span_us": end - start})
+    return {"calls": calls, "cpu": True}
 
 
 class Spans:

@@ -29,12 +29,14 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import knock, wire  # noqa: E402
-from mkb.judge.referee import checks, evidence, knockout, policy, preflight, speed, timing  # noqa: E402
+from mkb.judge.referee import checks, evidence, knockout, policy, preflight, share, speed, timing  # noqa: E402
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
+OUTRANKED = (Status.IMPORT_ERROR, Status.RUNTIME_ERROR, Status.INCORRECT, Status.WRONG_STRUCTURE, Status.CRASHED)
+"""Failures that a finding in the evidence stream (a refused or forbidden action) turns into policy_violation."""
 
 
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
@@ -180,6 +182,8 @@ class Referee:
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"],
                                    knockout=self.details.get("knockout"), policy=self.spec.get("dsl_policy", "paper"),
                                    share_min=self.share_min())
+        if self.device != "cuda" and self.dsl_applicable():
+            self.profile_cpu(evidence)
         self.phase = "policy"
         evidence.report = self.report()
         self.enforce(policy.judge(evidence), final=self.device != "cuda" or self.spec["timing"] == "none")
@@ -190,6 +194,16 @@ class Referee:
 
     def dsl_applicable(self) -> bool:
         return self.device == "cuda" or self.dsl == Dsl.TIRX
+
+    def profile_cpu(self, evidence: policy.Evidence) -> None:
+        """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
+        self.phase = "profile"
+        seed, inputs, ref, anchor, pristine = self.prepare_draw(graded=False)
+        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(inputs, "prof"), "calls": 3,
+                          "restore": [i for i, _ in self.positions]})
+        evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
+        self.details["dsl_share"] = evidence.share.get("share")
+        self.details["dsl_share_detail"] = evidence.share
 
     def share_min(self) -> tuple[float, str]:
         """The strict policy's floor on the DSL share: the problem's DSL_SHARE, else policy.STRICT_SHARE."""
@@ -340,6 +354,11 @@ class Referee:
     def verdict(self, status: Status, message: str, **extra) -> dict:
         self.phase = "verdict"
         status, message = charged(status, message, self.kernel_loaded)
+        if status in OUTRANKED and (self.stream.findings or self.stream.patched):
+            # what the kernel did that is forbidden explains the failure better than how it then failed
+            found = self.stream.findings + [f"replaced {name}" for name in self.stream.patched[:3]]
+            status, message = Status.POLICY_VIOLATION, "; ".join(found) + f" (then: {message})"
+            self.details["candidate"] = self.stream.summary()
         details = dict(self.details)
         details.update({k: v for k, v in extra.items() if k not in ("kernel_ms", "eager_ms", "speedup")})
         record = {"status": str(status), "message": message, "draws": [d.model_dump() for d in self.draws],
