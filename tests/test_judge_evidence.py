@@ -288,3 +288,50 @@ def test_a_bad_dsl_share_is_a_format_error(tmp_path, line):
 
     with pytest.raises(ProblemFormatError, match="DSL_SHARE must be"):
         parse_problem(_problem(tmp_path, line))
+
+
+def test_audit_lists_the_trials_the_current_rules_would_fail(tmp_path):
+    """mkb audit: a static rule added since the grading, a share under the strict floor, an unprovable pass."""
+    import json as jsonlib
+
+    from analysis_db import add_problem, add_run, add_transcript, add_trial, judge_record
+    from click.testing import CliRunner
+
+    from mkb.cli import main
+    from mkb.store import Store
+
+    poisons = {"nan": {"evidence": True}, "noise": {"evidence": True}}
+    graded = {  # trial problem -> (kernel source, final record)
+        1: ("import torch\n_gc = __import__('gc')\n", judge_record("p01", "tirx", dsl_share=0.97)),
+        2: ("import torch\n", judge_record("p02", "tirx", dsl_share=0.14)),
+        3: ("import torch\n", judge_record("p03", "tirx")),
+        4: ("import torch\n", judge_record("p04", "tirx", status="incorrect", dsl_share=0.01)),
+        5: ("import torch\n", judge_record("p05", "tirx", dsl_share=0.95)),
+    }
+    db = tmp_path / "audit.duckdb"
+    with Store(db) as store:
+        add_run(store, "r", "m")
+        for number, (source, record) in graded.items():
+            problem = add_problem(store, number, "attention")
+            if number == 5:
+                record = record.model_copy(update={"details": {**record.details, "knockout": poisons}})
+            trial = f"{problem}_r1_solo_tirx"
+            attempt = add_transcript(store, "m", trial, [{"role": "user", "content": "go"}],
+                                     [("final", record, source)])
+            add_trial(store, "m", problem, "solo_tirx", status=record.status, attempt_id=attempt)
+    result = CliRunner().invoke(main, ["--db", str(db), "audit", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = {r["problem_id"]: r for r in jsonlib.loads(result.stdout)}
+    assert rows["p01"]["verdict"] == "would fail" and "dynamic imports" in rows["p01"]["static"][0]
+    assert rows["p02"]["verdict"] == "would fail" and rows["p02"]["strict"] == "failed"
+    assert rows["p03"]["verdict"] == "regrade" and rows["p03"]["strict"] == "unknown"
+    assert set(rows) == {"p01", "p02", "p03"}  # the failed grading and the sound pass are not listed
+    every = CliRunner().invoke(main, ["--db", str(db), "audit", "--all", "--json"])
+    assert {r["problem_id"]: r["verdict"] for r in jsonlib.loads(every.stdout)}["p05"] == "ok"
+    assert "5 final gradings: 2 would now fail, 1 need a new grading to tell, 2 ok." in every.stderr
+
+
+def test_the_audit_floor_is_the_policy_floor():
+    from mkb.audit import STRICT_SHARE
+
+    assert STRICT_SHARE == policy.STRICT_SHARE

@@ -39,7 +39,47 @@ def main(src: Path, out: Path) -> None:
         lines.append(f"| {r['problem']}{star} | {info.family} | {r['dsl']} | {r['status']} | {r['kernel_ms']:.4f} | "
                      f"{r['eager_ms']:.3f} | {r['speedup']:.2f} | {'' if frac is None else f'{frac:.2f}'} |")
     lines += judged(ROOT / "problems/solutions/h200.json")
+    lines += shares(ROOT / "problems/solutions/h200.json", ROOT / "problems/solutions/h200_strict.json")
     out.write_text("\n".join(lines) + "\n")
+
+
+def share_of(record: dict) -> tuple[float | None, str]:
+    """A record's DSL share and where it comes from: the judge's details.dsl_share (issue #24), or, for records
+    graded before it existed, the profiler's launched kernels split by origin (the older judge's attribution)."""
+    details = record.get("details") or {}
+    if details.get("dsl_share") is not None:
+        return details["dsl_share"], "recorded"
+    kernels = details.get("launched_kernels") or []
+    total = sum(k["device_ms"] for k in kernels)
+    if not total:
+        return None, ""
+    return sum(k["device_ms"] for k in kernels if k["origin"] == record["dsl"]) / total, "launched kernels"
+
+
+def shares(paper_src: Path, strict_src: Path) -> list[str]:
+    """The DSL share of every graded variant, and its grading under the strict policy when one was recorded."""
+    if not paper_src.exists():
+        return []
+    strict = {(r["problem"], r["dsl"]): r for r in json.loads(strict_src.read_text())} if strict_src.exists() else {}
+    lines = ["", "## DSL share", "",
+             "The declared DSL's share of `solve()`'s profiled device time per call (issue #24; docs/judge.md, "
+             "\"DSL evidence\"). The paper policy records it; the strict policy requires 0.9 (or the problem's "
+             "`DSL_SHARE`). From the records above: `details.dsl_share` where the judge recorded it, else the "
+             "older records' launched kernels split by origin. Strict: the grading of "
+             f"`{strict_src.relative_to(ROOT)}` (`validate_solutions.py --dsl-policy strict`)"
+             + ("" if strict else ", not recorded yet") + ".", "",
+             "| problem | dsl | DSL share | from | strict |", "|---|---|---:|---|---|"]
+    for r in sorted(json.loads(paper_src.read_text()), key=lambda r: (r["problem"], r["dsl"])):
+        share, source = share_of(r)
+        graded = strict.get((r["problem"], r["dsl"]))
+        lines.append(f"| {r['problem']} | {r['dsl']} | {'' if share is None else f'{share:.1%}'} | {source} | "
+                     f"{graded['status'] if graded else '–'} |")
+    below = [f"{r['problem']} {r['dsl']}" for r in json.loads(paper_src.read_text())
+             if (share_of(r)[0] or 0.0) < 0.9]
+    if below:
+        lines += ["", "Below the strict floor (they pass the paper policy, and fail strict unless their problem "
+                  "declares a lower `DSL_SHARE`): " + ", ".join(below) + "."]
+    return lines
 
 
 def judged(src: Path) -> list[str]:

@@ -74,8 +74,8 @@ class Candidate:
         self.pool, self.slots, self.events = [], None, {}
         self.observed: dict = {"role": spec["role"], "findings": []}
         self.new_state, self.describe, self.copy_into = knock.new_state, guards.describe, guards.copy_into
-        self.mark = object()
-        """Only this instance and the core hold it: it tells the harness's draw state from a look-alike."""
+        self.draw = lambda state: None
+        """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -91,7 +91,8 @@ class Candidate:
         if self.spec["role"] == "candidate":
             finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
             from_candidate = seal.install(seal.Roots(_HERE, os.path.dirname(self.spec["kernel"])), finding)
-            core = knock.make_core(self.emit, globals(), finding, self.mark)
+            core = knock.make_core(self.emit, finding)
+            self.draw = core["draw"]
             watcher = hooks.install(core, extra=guards.forbidden_callbacks(core, finding, from_candidate))
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)
@@ -162,7 +163,7 @@ class Candidate:
 
     def cmd_solve(self, msg: dict, flag: int) -> dict:
         """One correctness draw; flag is its mode (knock.py), which only the draw's state holds from here on."""
-        state = self.new_state(self.mark, flag, msg.get("plan"))
+        state = self.new_state(flag, msg.get("plan"))
         del flag
         try:
             inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
@@ -183,9 +184,13 @@ class Candidate:
         return reply
 
     def run_solve(self, state, inputs: list):
-        """solve() under a draw's state: the DSL hooks find `state` in this frame (knock.make_core)."""
-        out = self.solve(*inputs)
-        self.sync()
+        """solve() under a draw's state, which the DSL hooks' core holds until solve() and its work are done."""
+        self.draw(state)
+        try:
+            out = self.solve(*inputs)
+            self.sync()
+        finally:
+            self.draw(None)
         return out
 
     def cmd_timing_setup(self, msg: dict) -> dict:

@@ -6,8 +6,8 @@ import watcher's refer to it, and the seal refuses the candidate __defaults__, f
 collector, so its functions are unreachable; their code looks up no global name (a test disassembles
 them), so replacing names in a module's dict later changes nothing here.
 
-A correctness draw's mode reaches the harness as the command's flag (wire.py) and lives in a state list in
-the harness's solve frame (new_state); dsl_call finds it by walking its own stack. Modes:
+A correctness draw's mode reaches the harness as the command's flag (wire.py) and the harness hands it to
+the core for the duration of solve() (core["draw"]); only the core's closures hold it then. Modes:
 
 - OBSERVE (the first draw): run the call; report which tensor arguments it wrote, their scale, its time.
 - KNOCK_NAN, KNOCK_NOISE: skip the call, wait the time it took when observed, and overwrite what it wrote
@@ -33,27 +33,24 @@ NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE = 0, 1, 2, 3
 """Flags of a solve command (wire.py): the draw's mode."""
 
 
-MARK, MODE, PLAN, DEPTH, COMPILING = range(5)
-"""A draw's state is a plain list [mark, mode, plan, depth, compiling]: built-in types only, because a
-candidate can replace any attribute of any class it reaches (class attributes are not audited), and
-the mark is a private object only the harness and the core hold, so a list the candidate builds is not
-taken for the harness's."""
+MODE, PLAN, DEPTH, COMPILING = range(4)
+"""A draw's state is a plain list [mode, plan, depth, compiling]: built-in types only, because a candidate
+can replace any attribute of any class it reaches (class attributes are not audited)."""
 
 
-def new_state(mark: object, mode: int, plan) -> list:
+def new_state(mode: int, plan) -> list:
     """A draw's state: mode (a flag value) and the referee's plan, key -> {"args", "stats", "s"}."""
-    return [mark, mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
+    return [mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
 
 
-def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Callable[[str], None],
-              mark: object) -> dict:
+def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> dict:
     """The core (a dict of closures), reporting through emit and finding.
 
-    harness_globals is the dict of the harness's solve runner: a frame runs with it only when it runs the
-    harness's own code (the seal refuses the candidate exec and new functions), so the first such frame
-    holding a local `state` that is a list starting with mark is the runner's.
+    The harness hands it each draw's state with core["draw"](state) before solve() and core["draw"](None)
+    after: the state then lives only in a cell of these closures, which nothing the candidate reaches
+    refers to, and a call outside a draw (the timed and profiled calls) costs a lookup, not a search.
     """
-    getframe, perf, urandom = __import__("sys")._getframe, time.perf_counter, os.urandom
+    perf, urandom = time.perf_counter, os.urandom
     normal, observe, knock_nan, knock_noise = NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE
     i_mode, i_plan, i_depth, i_compiling = MODE, PLAN, DEPTH, COMPILING
     Tensor, empty, generator_of, from_dlpack = torch.Tensor, torch.empty, torch.Generator, torch.from_dlpack
@@ -83,15 +80,13 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
     active = [0]
     """DSL calls and compiles under way, in or out of a draw (NVRTC and module loads inside them are the DSL's)."""
 
+    current: list = [None]
+
+    def draw(state) -> None:
+        current[0] = state
+
     def find_state():
-        frame = getframe(2)
-        while frame is not None:
-            if frame.f_globals is harness_globals:
-                state = frame.f_locals.get("state")
-                if type_(state) is list_ and len_(state) == 5 and state[0] is mark:
-                    return state
-            frame = frame.f_back
-        return None
+        return current[0]
 
     def tensor_args(args: tuple, kwargs: dict) -> dict:
         """Position ("0", "kw:name") -> plain tensor, for every tensor or DLPack argument."""
@@ -260,4 +255,4 @@ def make_core(emit: Callable[[dict], None], harness_globals: dict, finding: Call
         return active[0] > 0
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
-            "compile_scope": compile_scope, "inside": inside}
+            "compile_scope": compile_scope, "inside": inside, "draw": draw}
