@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError, field_validator, model_validator
 
+from mkb import paper
 from mkb.errors import ProblemFormatError
 from mkb.records import FAMILIES, ProblemInfo, Record
 
@@ -77,6 +78,8 @@ def load_rows(problems_dir: Path) -> list[FidelityRow]:
     """
     rows = []
     for path in sorted(fidelity_dir(problems_dir).glob("*.toml")):
+        if path.name == "protocol.toml":  # the protocol's points: mkb.paper
+            continue
         where = f"fidelity/{path.name}"
         if path.stem not in FAMILIES:
             raise ProblemFormatError(f"{where}: name the file after a family ({', '.join(FAMILIES)})")
@@ -174,7 +177,8 @@ def render(rows: list[FidelityRow], catalog: list[ProblemInfo]) -> str:
 def sync(problems_dir: Path, catalog: list[ProblemInfo], doc: Path, write: bool = True) -> bool:
     """Check the rows against the catalog and (re)write doc; True when doc was out of date.
 
-    Problems without a row are listed in the document (require_complete is the strict check).
+    Problems without a row are listed in the document (require_complete is the strict check). The
+    protocol section is added when the problems directory has fidelity/protocol.toml.
 
     Raises:
         ProblemFormatError: a row is malformed, repeated or names no problem of its family.
@@ -182,6 +186,8 @@ def sync(problems_dir: Path, catalog: list[ProblemInfo], doc: Path, write: bool 
     rows = load_rows(problems_dir)
     check_rows(rows, catalog)
     text = render(rows, catalog)
+    if paper.points_path(problems_dir).exists():  # a problem set of one's own may have no protocol rows
+        text = paper.with_section(text, paper.render_section(paper.load_points(problems_dir)))
     stale = not doc.exists() or doc.read_text() != text
     if stale and write:
         doc.parent.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ class Settings(BaseModel):
     arch: str = "sm_90a"
     """GPU architecture to compile for and to name when no GPU is visible (sm_90a Hopper, sm_100a Blackwell)."""
     sandbox: Literal["local", "docker", "none"] = "local"
-    """Where the agent's commands run: local (bubblewrap; a loud plain-subprocess fallback), docker, none."""
+    """Where the agent's commands run: local (bubblewrap; refused where it cannot run, unless unsafe_sandbox), docker, none (needs unsafe_sandbox)."""
     image: str = "mkb:latest"
     """Image of the attempt containers when sandbox is docker."""
     judge_timeout_s: float = 600.0
@@ -52,14 +52,26 @@ class Settings(BaseModel):
     """While timing, pin the referee and the timed process to physical cores of their own (GPU-local first)."""
     judge_tmpfs_mb: int = 4096
     """Size of each of a grading's tmpfs (the candidate's /tmp, the grading's /dev/shm), MiB; at most judge_memory_mb."""
-    dsl_policy: Literal["paper", "strict"] = "paper"
-    """DSL-use policy: paper (as the original: the DSL runs and computes the answer; its share of device time is recorded) or strict (the share must also reach 0.9, or the problem's DSL_SHARE)."""
     judge_unsafe_no_sandbox: bool = False
     """UNSAFE: when no OS sandbox can start, grade in plain processes that see the host (else infra_error)."""
     base_url: str | None = None
     """OpenAI-compatible endpoint for plain model names (e.g. http://127.0.0.1:8000/v1)."""
+    model_retry_s: float = Field(default=240.0, ge=0)
+    """Seconds one model request may spend waiting to retry rate limits, timeouts, refused connections and 5xx (waits of 2 s doubling to 60 s; one log line per retry); then the attempt ends as infra_error. 0: no retries."""
     unsafe_sandbox: bool = False
     """Let agents' commands run unisolated (they can read the API key and every file) where bubblewrap cannot run or with --sandbox none; otherwise those attempts are refused."""
+    dsl_policy: Literal["paper", "strict"] = "paper"
+    """DSL-use rule stated to agents and applied by the judge: paper (as the original: the DSL runs and computes the answer, eager does the rest; its share of device time is recorded) or strict (the share must also reach 0.9, or the problem's DSL_SHARE)."""
+    clock: Literal["paper", "agent"] = "paper"
+    """Budget clock: paper (all time counts, judge queue and grading too) or agent (GPU queue, backoff paused)."""
+    context_full: Literal["summarize", "end"] = "summarize"
+    """When the context is full: summarize (hand over to the model's summary and go on, as the paper) or end."""
+    manual_examples: bool = True
+    """Give agents the manuals' worked example kernels (docs/<dsl>/examples/); false leaves them out."""
+    sandbox_cpus: float = 2.0
+    """CPUs of an attempt's sandbox, as the instruction states them (the paper's 2)."""
+    sandbox_memory_mb: int = 8192
+    """Memory of an attempt's sandbox in MiB, as the instruction states it (the paper's 8 GB)."""
 
     @property
     def db_path(self) -> Path:

@@ -16,7 +16,10 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
+from mkb.agent import prices
 from mkb.agent.budget import Budget, Usage
+from mkb.agent.conditions import Conditions
+from mkb.agent.feedback import n_correct
 from mkb.agent.loop import AttemptResult
 from mkb.agent.model import ModelConfig
 from mkb.agent.prompts import templates_sha256
@@ -26,6 +29,7 @@ from mkb.environment import Device, describe, toolchain_versions
 from mkb.records import Record, State, Status, Timings, TrialSpec
 from mkb.settings import Settings
 from mkb.store import Attempt, Message, Row, Run, Skill, Store, StoredSubmission, Trial, now
+from mkb.store.owner import current_owner
 
 
 class FingerprintParts(Record):
@@ -43,17 +47,13 @@ class FingerprintParts(Record):
     """sha256 of the transferred skill (skill arms only)."""
     budget: dict = {}
     """The attempt budget (wall clock, submissions, caps)."""
-    dsl_policy: str | None = None
-    """The DSL-use policy the attempt was graded under when it is not the paper's (strict); None: paper."""
+    conditions: dict = {}
+    """Clock, context handling, DSL policy, manuals and sandbox size (Conditions.recorded)."""
 
     @property
     def sha256(self) -> str:
-        """The trial's fingerprint: sha256 over the canonical JSON of the parts (the paper policy adds nothing,
-        so fingerprints taken before the policy existed still match)."""
-        parts = self.model_dump(mode="json")
-        if parts["dsl_policy"] is None:
-            del parts["dsl_policy"]
-        return sha256_of(parts)
+        """The trial's fingerprint: sha256 over the canonical JSON of the parts."""
+        return sha256_of(self.model_dump(mode="json"))
 
 
 def sha256_of(value: Any) -> str:
@@ -63,12 +63,12 @@ def sha256_of(value: Any) -> str:
 def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget,
                       source_skill: str | None) -> FingerprintParts:
     """The parts a trial has if it runs now; source_skill (the skill's sha256) counts for skill arms only."""
+    conditions = Conditions.of(settings)
     return FingerprintParts(problem=spec.problem.fingerprint,
                             templates=templates_sha256(settings.problems_dir / "templates"),
-                            docs=docs_sha256(settings.problems_dir, spec.arm.dsl), toolchain=toolchain_versions(),
-                            source_skill=source_skill if spec.arm.is_skill else None,
-                            budget=budget.model_dump(mode="json"),
-                            dsl_policy=None if settings.dsl_policy == "paper" else settings.dsl_policy)
+                            docs=docs_sha256(settings.problems_dir, spec.arm.dsl, conditions.manual_examples),
+                            toolchain=toolchain_versions(), source_skill=source_skill if spec.arm.is_skill else None,
+                            budget=budget.model_dump(mode="json"), conditions=conditions.recorded())
 
 
 def dsl_share_of(record) -> float | None:
@@ -100,11 +100,23 @@ class Outcome(Timings):
     """How the agent's commands were isolated (bwrap, subprocess, docker:<image>)."""
     message: str = ""
     """Why it ended this way."""
+    ending: str | None = None
+    """Why the loop stopped (mkb.agent.loop.ENDINGS); None when no loop ran."""
+    charged_s: float | None = None
+    """Seconds the budget clock charged."""
+    total_s: float | None = None
+    """The attempt's wall clock, everything included."""
+    time_left_s: float | None = None
+    """Budget left when the loop stopped."""
+    n_correct_draws: int | None = None
+    """Correct draws of the final grading."""
+    conditions: dict | None = None
+    """The conditions the attempt ran under (Conditions.recorded)."""
     dsl_share: float | None = None
     """The final grading's DSL share (its record's details.dsl_share); None when it recorded none."""
 
     @classmethod
-    def of(cls, result: AttemptResult) -> Outcome:
+    def of(cls, result: AttemptResult, conditions: Conditions | None = None) -> Outcome:
         """The recorded view of an agent attempt."""
         final = result.final
         return cls(state=State(result.state), status=result.status, speedup=final.speedup if final else None,
@@ -112,7 +124,10 @@ class Outcome(Timings):
                    kernel_ms=final.kernel_ms if final else None, eager_ms=final.eager_ms if final else None,
                    skill_text=result.skill_text, usage=result.usage, n_submissions=result.n_submissions,
                    wall_s=max(0.0, result.wall_s - result.queue_s), queue_s=result.queue_s, sandbox=result.isolation,
-                   message=f"{result.ending}: {result.message}" if result.message else result.ending)
+                   message=f"{result.ending}: {result.message}" if result.message else result.ending,
+                   ending=result.ending, charged_s=result.charged_s, total_s=result.wall_s,
+                   time_left_s=result.time_left_s, n_correct_draws=n_correct(final) if final else None,
+                   conditions=conditions.recorded() if conditions else None)
 
 
 def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: Budget, settings: Settings,
@@ -125,13 +140,14 @@ def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: B
               if config else None, "request": config.request_params() if config else None,
               "budget": budget.model_dump(mode="json"), "sandbox": settings.sandbox,
               "image": settings.image if settings.sandbox == "docker" else None, "device": device.kind,
-              "scale": device.scale, "dsl_policy": settings.dsl_policy}
-    facts = describe(with_gpu=False)
+              "scale": device.scale, "conditions": Conditions.of(settings).recorded(),
+              "dsl_policy": settings.dsl_policy}
+    facts, owner = describe(with_gpu=False), current_owner()
     run = Run(run_id=uuid.uuid4().hex, model=model, provider=provider or (config.provider if config else "oracle"),
               base_url=config.base_url if config else None, api_key_env=config.api_key_env if config else None,
               is_oracle=config is None and provider is None, params=params, versions=facts["versions"],
-              git_commit=facts["git_commit"], host=facts["host"], gpus=device.gpus, command=command,
-              started_at=now())
+              git_commit=facts["git_commit"], host=owner.host, owner_pid=owner.pid, owner_start=owner.start,
+              gpus=device.gpus, command=command, started_at=now())
     store.put(run)
     return run.run_id
 
@@ -166,7 +182,7 @@ class Transcript:
         self.sink.add(StoredSubmission(
             attempt_id=self.attempt_id, n=s.n, kind=s.kind, status=r.status, speedup=r.speedup,
             kernel_ms=r.kernel_ms, eager_ms=r.eager_ms, kernel_sha256=s.kernel_sha256, kernel_source=s.kernel_source,
-            queue_s=s.queue_s, record=r.model_dump(mode="json"), created_at=now()))
+            queue_s=s.queue_s, n_correct_draws=n_correct(r), record=r.model_dump(mode="json"), created_at=now()))
 
 
 @dataclass(frozen=True)
@@ -212,25 +228,32 @@ class Recorder:
         message = f"{attempt.message}: {outcome.message}" if attempt.message else outcome.message
         rows: list[Row] = [attempt.model_copy(update={
             "state": outcome.state, "status": outcome.status, "sandbox": outcome.sandbox,
-            "usage": outcome.usage.model_dump(mode="json"), "message": message, "finished_at": finished})]
+            "usage": outcome.usage.model_dump(mode="json"), "conditions": outcome.conditions, "message": message,
+            "finished_at": finished})]
+        arm = recording.trial.arm if recording.trial else None
+        if outcome.skill_text is not None and arm is not None and not arm.is_skill:
+            rows.append(_skill(attempt, outcome.skill_text))
         trial = recording.trial
         if trial is not None:
-            if not trial.arm.is_skill and outcome.state == State.FINISHED:
-                self._replace_skill(trial, outcome.skill_text, rows)
+            usage = outcome.usage
+            cost_usd, cost_source = prices.cost(self.model, usage)
             rows.append(trial.model_copy(update={
                 "state": outcome.state, "status": outcome.status, "speedup": outcome.speedup,
                 "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "dsl_share": outcome.dsl_share,
                 "finished_at": finished,
-                "wall_s": outcome.wall_s, "queue_s": outcome.queue_s, "n_submissions": outcome.n_submissions,
-                "n_turns": outcome.usage.n_turns, "prompt_tokens": outcome.usage.prompt_tokens,
-                "completion_tokens": outcome.usage.completion_tokens, "cost_usd": outcome.usage.cost_usd,
+                "wall_s": outcome.wall_s, "queue_s": outcome.queue_s, "charged_s": outcome.charged_s,
+                "total_s": outcome.total_s, "time_left_s": outcome.time_left_s, "ending": outcome.ending,
+                "timed_out": outcome.ending == "time" if outcome.ending else None, "n_handoffs": usage.n_handoffs,
+                "n_correct_draws": outcome.n_correct_draws, "n_submissions": outcome.n_submissions,
+                "n_turns": usage.n_turns, "prompt_tokens": usage.prompt_tokens, "cached_tokens": usage.cached_tokens,
+                "completion_tokens": usage.completion_tokens, "cost_usd": cost_usd, "cost_source": cost_source,
                 "message": outcome.message}))
         self.store.put(*rows)
 
-    def _replace_skill(self, trial: Trial, text: str | None, rows: list[Row]) -> None:
-        """The skill is the finished attempt's SKILL.md; one without it leaves none, never an older attempt's."""
-        if text is None:
-            self.store.delete(Skill, model=trial.model, trial_id=trial.trial_id)
-            return
-        rows.append(Skill(model=trial.model, trial_id=trial.trial_id, attempt_id=trial.attempt_id, text=text,
-                          sha256=hashlib.sha256(text.encode()).hexdigest(), created_at=now()))
+
+def _skill(attempt: Attempt, text: str) -> Skill:
+    """The SKILL.md one solo attempt left, kept under that attempt: a trial's skill is its current attempt's, so a
+    rerun that writes none never passes on an older attempt's (Store.skill)."""
+    return Skill(attempt_id=attempt.attempt_id, model=attempt.model, trial_id=attempt.trial_id, text=text,
+                 sha256=hashlib.sha256(text.encode()).hexdigest(), n_chars=len(text), n_words=len(text.split()),
+                 created_at=now())

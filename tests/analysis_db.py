@@ -35,9 +35,13 @@ def add_trial(store: Store, model: str, problem: str, arm: Arm | str, replicate:
 
 
 def add_skill(store: Store, model: str, trial_id: str, text: str) -> None:
-    """Record the skill a solo trial left."""
-    store.put(Skill(model=model, trial_id=trial_id, text=text, sha256=hashlib.sha256(text.encode()).hexdigest(),
-                    created_at=now()))
+    """Record the skill a solo trial's current attempt left (the trial gets an attempt id if it had none)."""
+    trial = store.trial(model, trial_id)
+    attempt_id = (trial.attempt_id if trial else None) or f"attempt-{model}-{trial_id}"
+    if trial is not None and trial.attempt_id is None:
+        store.put(trial.model_copy(update={"attempt_id": attempt_id}))
+    store.put(Skill(attempt_id=attempt_id, model=model, trial_id=trial_id, text=text,
+                    sha256=hashlib.sha256(text.encode()).hexdigest(), created_at=now()))
 
 
 def add_run(store: Store, run_id: str, model: str, is_oracle: bool = False) -> None:

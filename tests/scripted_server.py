@@ -7,7 +7,9 @@
     server.requests                                        # the JSON bodies received, in order
 
 A step is a reply(), an error(), a raw() body (malformed replies), a hold() (blocks until released or a
-timeout), or a callable taking the request body and returning one of those. When the script runs out, the server answers 400.
+timeout), or a callable taking the request body and returning one of those. When the script runs out, the
+server answers 400. `server.context_chars = N` makes it a model with a small context: a request whose
+messages are longer than N characters (as JSON) is answered with a context-length error and consumes no step.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ def call(name: str, arguments: dict | str) -> dict:
 
 
 def reply(content: str | None = None, calls: list[dict] | None = None, prompt_tokens: int = 100,
-          completion_tokens: int = 20, **message: Any) -> dict:
-    """A chat.completion reply with an assistant message."""
+          completion_tokens: int = 20, cached_tokens: int | None = None, **message: Any) -> dict:
+    """A chat.completion reply with an assistant message (cached_tokens: of the prompt, served from a cache)."""
     msg = {"role": "assistant", "content": content, **message}
     if calls:
         msg["tool_calls"] = calls
@@ -37,7 +39,8 @@ def reply(content: str | None = None, calls: list[dict] | None = None, prompt_to
         "model": "scripted", "choices": [{"index": 0, "message": msg,
                                           "finish_reason": "tool_calls" if calls else "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens}}}
+                  "total_tokens": prompt_tokens + completion_tokens,
+                  **({} if cached_tokens is None else {"prompt_tokens_details": {"cached_tokens": cached_tokens}})}}}
 
 
 def error(status: int, message: str = "scripted error", retry_after: float | None = None) -> dict:
@@ -82,6 +85,8 @@ class ScriptedOpenAIServer(ThreadingHTTPServer):
         self.headers_seen: list[dict] = []
         self.lock = threading.Lock()
         self.received = threading.Condition(self.lock)
+        self.context_chars: int | None = None
+        """Longest request (its messages as JSON) that fits the context; None for no limit."""
 
     @property
     def base_url(self) -> str:
@@ -103,6 +108,10 @@ class ScriptedOpenAIServer(ThreadingHTTPServer):
             self.requests.append(body)
             self.headers_seen.append(headers)
             self.received.notify_all()
+            size = len(json.dumps(body.get("messages", [])))
+            if self.context_chars is not None and size > self.context_chars:
+                return error(400, f"This model's maximum context length is {self.context_chars} characters; "
+                                  f"the request has {size}.")
             step = self.steps.pop(0) if self.steps else error(400, "script exhausted: no more scripted replies")
         return step(body) if callable(step) else step
 

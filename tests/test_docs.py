@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import shutil
 
 import pytest
@@ -154,3 +155,25 @@ def test_generated_tables_are_current():
     assert manuals.sync_tables(PROBLEMS, PROBLEMS.parent / "docs", write=False) == []
     result = CliRunner().invoke(main, ["docs", "tables", "--check"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
+
+
+def test_the_protocol_section_of_fidelity_md_is_current():
+    from mkb import paper
+
+    root = Path(__file__).resolve().parent.parent
+    points = paper.load_points(root / "problems")
+    assert [p.n for p in points] == list(range(1, 13))  # one per point of issue #25
+    assert all(p.original and p.ours and p.default and p.option for p in points)
+    assert not paper.sync(root / "problems", root / "docs" / "fidelity.md", write=False), \
+        "docs/fidelity.md's protocol section is stale: run .venv/bin/python -m mkb.paper"
+
+
+def test_the_protocol_section_keeps_the_rest_of_the_page():
+    from mkb import paper
+
+    section = paper.render_section([paper.ProtocolPoint(n=1, name="a|b", original="o", ours="x", default="d",
+                                                        option="none")])
+    page = paper.with_section("# Title\n\nfamily tables\n", section)
+    assert page.startswith("# Title\n\nfamily tables\n\n" + paper.BEGIN) and "| 1 | a\\|b | o |" in page
+    assert paper.with_section(page, section) == page
+    assert paper.with_section(page.replace("| o |", "| old |"), section) == page

@@ -10,7 +10,7 @@ from mkb.agent.budget import Budget, Usage
 from mkb.problems import load_catalog
 from mkb.protocol.plan import Action, expand, plan
 from mkb.protocol.pool import JudgePool
-from mkb.protocol.runner import ProtocolRun
+from mkb.protocol.runner import NO_SKILL, ProtocolRun
 from mkb.records import Arm, State, Status, TrialSpec
 from mkb.settings import load_settings
 from mkb.store import Trial
@@ -179,3 +179,79 @@ def test_the_oracle_plans_only_problems_with_shipped_solutions(store):
         protocol.make_plan(settings, store, protocol.RunRequest(model=protocol.ORACLE, problems=["p02"]))
     other = protocol.RunRequest(model="some/model", problems=["p0[1-2]"], arms=[Arm.SOLO_TIRX])
     assert len(protocol.make_plan(settings, store, other)) == 2
+
+
+# -- skills keyed by attempt, through the real agent loop and the scripted server ------------------------------
+
+SCRIPTED = "openai/gpt-x"
+
+
+def _passing(problem, kernel_path, dsl, device_slot="cpu"):
+    from mkb.records import JudgeRecord
+
+    return JudgeRecord(status=Status.PASSED, problem=problem.id, dsl=dsl, device="cuda", kernel_ms=1.0,
+                       eager_ms=2.0, speedup=2.0, draws=[{"seed": i, "ok": True} for i in range(5)])
+
+
+def _lost(problem, kernel_path, dsl, device_slot="cpu"):
+    from mkb.records import JudgeRecord
+
+    return JudgeRecord(status=Status.INFRA_ERROR, problem=problem.id, dsl=dsl, device="cuda", message="GPU lost")
+
+
+def _execute(store, tmp_path, llm_server, steps, items, grade):
+    from scripted_server import call, reply
+
+    from mkb import protocol
+
+    finish = [reply(calls=[call("finish", {})]), reply(calls=[call("finish", {})])]
+    llm_server.script([step for s in steps for step in [*s, *finish]])
+    request = protocol.RunRequest(model=SCRIPTED, base_url=llm_server.base_url, concurrency=1, command="test")
+    return protocol.execute(load_settings(home=tmp_path / "home", device="cpu"), store, request, items, grade=grade)
+
+
+def _writes(*files):
+    from scripted_server import call, reply
+
+    return [reply(calls=[call("write_file", {"path": path, "content": text})]) for path, text in files]
+
+
+KERNEL = ("kernel.py", "import torch\n\ndef solve(*inputs):\n    return inputs[0]\n")
+
+
+def test_a_rerun_solo_without_skill_md_passes_on_no_older_attempts_skill(store, tmp_path, llm_server):
+    from mkb.protocol.plan import PlanItem
+    from mkb.store import Skill
+
+    solo, skill = expand(PROBLEMS[:1], [Arm.CUTEDSL2TIRX_SKILL], 1)
+    _execute(store, tmp_path, llm_server, [_writes(KERNEL, ("SKILL.md", "keep rows in registers"))],
+             [PlanItem(spec=solo, action=Action.RUN)], _passing)
+    first = store.trial(SCRIPTED, solo.trial_id).attempt_id
+    assert store.skill(SCRIPTED, solo.trial_id).text == "keep rows in registers"
+    _execute(store, tmp_path, llm_server, [_writes(KERNEL), _writes(KERNEL)],
+             [PlanItem(spec=solo, action=Action.RERUN), PlanItem(spec=skill, action=Action.RUN)], _passing)
+    rerun = store.trial(SCRIPTED, solo.trial_id)
+    assert rerun.attempt_id != first and store.skill(SCRIPTED, solo.trial_id) is None
+    assert [s.attempt_id for s in store.select(Skill)] == [first]  # kept, under the attempt that wrote it
+    skipped = store.trial(SCRIPTED, skill.trial_id)
+    assert (skipped.state, skipped.message, skipped.skill_sha256) == (State.SKIPPED, NO_SKILL, None)
+    assert len(llm_server.requests) == 3  # the rerun solo's three replies: the skill arm made no attempt
+
+
+def test_a_skill_trial_runs_only_from_a_finished_source(store, tmp_path, llm_server):
+    from mkb.protocol.plan import PlanItem, plan
+
+    solo, skill = expand(PROBLEMS[:1], [Arm.CUTEDSL2TIRX_SKILL], 1)
+    items = [PlanItem(spec=solo, action=Action.RUN), PlanItem(spec=skill, action=Action.RUN)]
+    progress = _execute(store, tmp_path, llm_server, [_writes(KERNEL, ("SKILL.md", "a skill"))], items, _lost)
+    source = store.trial(SCRIPTED, solo.trial_id)
+    assert (source.state, source.status) == (State.FINISHED, Status.INFRA_ERROR)  # its final grading was lost
+    assert store.trial(SCRIPTED, skill.trial_id) is None and (progress.done, progress.total) == (1, 1)
+    stored_rows = {t.trial_id: t for t in store.trials(SCRIPTED)}
+    again = plan([solo, skill], stored_rows, {s.trial_id: parts_for(s, None) for s in (solo, skill)})
+    assert [i.action for i in again] == [Action.RERUN, Action.RUN]
+    _execute(store, tmp_path, llm_server, [_writes(KERNEL, ("SKILL.md", "a better skill")), _writes(KERNEL)], again,
+             _passing)
+    ran = store.trial(SCRIPTED, skill.trial_id)
+    assert (ran.state, ran.status) == (State.FINISHED, Status.PASSED)
+    assert "a better skill" in store.messages(ran.attempt_id)[1].content

@@ -119,19 +119,20 @@ def test_a_scripted_model_graded_by_the_real_judge_on_a_cpu_judge_actor(cluster,
         reply(calls=[call("write_file", {"path": "kernel.py", "content": VALID_TIRX_P28})]),
         reply(calls=[call("write_file", {"path": "SKILL.md", "content": SKILL})]),
         reply("Done.", calls=[call("finish", {"summary": "tirx row norm"})]),
+        reply("Confirmed.", calls=[call("finish", {})]),  # finish asks first
     ])
     request = protocol.RunRequest(model="scripted", base_url=llm_server.base_url, problems=["p28"],
                                   arms=[Arm.SOLO_TIRX])
     _, progress, trials = run_on_ray(tmp_path / "mkb.duckdb", request, grade=smoke_judge)
-    assert [(t.state, t.status, t.n_turns) for t in trials] == [("finished", "passed", 3)]
+    assert [(t.state, t.status, t.n_turns) for t in trials] == [("finished", "passed", 4)]
     with Store(tmp_path / "mkb.duckdb", read_only=True) as store:
         [final] = store.rows("SELECT kind, status, kernel_source, record FROM submissions")
         assert (final["kind"], final["status"], final["kernel_source"]) == ("final", "passed", VALID_TIRX_P28)
         assert '"dsl_check": "passed"' in final["record"] or '"dsl_check":"passed"' in final["record"]
         assert store.skill("scripted", "p28_r1_solo_tirx").text == SKILL
         roles = [m.role for m in store.messages(trials[0].attempt_id)]
-    assert roles == ["system", "user"] + ["assistant", "tool"] * 3 + ["user"]
-    assert len(llm_server.requests) == 3
+    assert roles == ["system", "user"] + ["assistant", "tool"] * 4 + ["user"]
+    assert len(llm_server.requests) == 4
 
 
 def _kill_attempt_worker(trial_id: str, hold: Hold, killed: list) -> None:
@@ -167,7 +168,7 @@ def test_a_killed_attempt_worker_is_an_infra_error_and_the_next_run_reruns_it(cl
         # what was written before the kill stays: the instruction and the kickoff message
         assert [m.role for m in store.messages(lost.attempt_id)] == ["system", "user"]
     llm_server.script([reply(calls=[call("write_file", {"path": "kernel.py", "content": VALID_TIRX_P28})]),
-                       reply(calls=[call("finish", {})])])
+                       reply(calls=[call("finish", {})]), reply(calls=[call("finish", {})])])
     items, progress, trials = run_on_ray(tmp_path / "mkb.duckdb", request)
     assert [(i.action, i.reason) for i in items] == [(Action.RERUN, "last ended infra_error")]
     assert [(t.state, t.status) for t in trials] == [("finished", "passed")]

@@ -306,36 +306,50 @@ def test_a_file_cannot_exceed_the_disk_limit(backend):
     _, ex = backend
     result = ex.exec("head -c 400m /dev/zero > big; echo rc=$?", timeout_s=60)
     assert "rc=0" not in result.output  # the write fails (or the disk watchdog stops the command)
-    assert int(ex.exec("stat -c %s big", timeout_s=30).output) <= LIMITS.disk_mb << 20
+    size = ex.exec("stat -c %s big 2>/dev/null || echo 0", timeout_s=30).output
+    assert int(size) <= LIMITS.disk_mb << 20
+
+
+def _held(ex, folder: str) -> tuple[int, int]:
+    """(KiB used, entries) under folder; (0, 0) when it is gone."""
+    out = ex.exec(f"kib=$(du -sk {folder} 2>/dev/null | cut -f1); echo ${{kib:-0}} $(find {folder} 2>/dev/null | wc -l)",
+                  timeout_s=30).output
+    kib, entries = out.split()
+    return int(kib), int(entries)
 
 
 @pytest.mark.parametrize("where", ["the workspace", "tmp"])
 def test_the_workspace_and_tmp_cannot_grow_past_the_disk_limit(backend, where):
-    _, ex = backend
+    name, ex = backend
     folder = "." if where == "the workspace" else "$TMPDIR/fill"  # TMPDIR: /tmp, or the unisolated executor's own
-    fill = (f"mkdir -p {folder}; i=0; while head -c 50m /dev/zero > {folder}/f$i; do i=$((i+1)); "
+    ex.exec(f"mkdir -p {folder} && echo before > {folder}/kept", timeout_s=30)
+    fill = (f"i=0; while head -c 50m /dev/zero > {folder}/f$i; do i=$((i+1)); "
             f"[ $i -gt 40 ] && break; done; echo stopped at $i")
     result = ex.exec(fill, timeout_s=60)
     assert not result.timed_out and "stopped at 41" not in result.output
-    used_kib = int(ex.exec(f"du -sk {folder} | cut -f1", timeout_s=30).output.split()[0])
-    assert used_kib <= 2 * LIMITS.disk_mb * 1024  # a watchdog may overshoot by what is written in one poll
-    assert ex.exec(f"touch {folder}/more; head -c 60m /dev/zero > {folder}/more; echo rc=$?",
-                   timeout_s=30).output.strip().endswith("rc=0") is False
-    cleaned = ex.exec(f"rm -f {folder}/f* {folder}/more; head -c 1m /dev/zero > {folder}/small; echo rc=$?",
-                      timeout_s=30)
-    assert cleaned.output.strip().endswith("rc=0") and cleaned.exit_code == 0
+    # docker: a size-capped mount refuses the write; locally the watch says what it removed, however fast
+    assert name == "docker" or "were removed; what was there before it stays" in result.output
+    assert _held(ex, folder)[0] <= LIMITS.disk_mb * 1024  # what it wrote is gone, at its end
+    assert ex.exec(f"cat {folder}/kept", timeout_s=30).output.strip() == "before"
+    small = ex.exec(f"rm -f {folder}/f*; head -c 1m /dev/zero > {folder}/small; echo rc=$?", timeout_s=30)
+    assert small.output.strip().endswith("rc=0") and small.exit_code == 0
 
 
 @pytest.mark.parametrize("where", ["the workspace", "tmp"])
 def test_the_workspace_and_tmp_cannot_hold_more_files_than_the_limit(backend, where):
-    _, ex = backend
+    """However fast a command makes files (6000 take ~0.1 s, less than one poll), none stays past the limit."""
+    name, ex = backend
     folder = "." if where == "the workspace" else "$TMPDIR/many"
-    result = ex.exec(f"mkdir -p {folder}/m && cd {folder}/m && for i in $(seq 6000); do : > f$i || break; done; "
-                     f"ls | wc -l", timeout_s=120)
+    ex.exec(f"mkdir -p {folder}/m && echo before > {folder}/m/kept", timeout_s=30)
+    result = ex.exec(f"cd {folder}/m && for i in $(seq 6000); do : > f$i || break; done; ls | wc -l",
+                     timeout_s=120)
     assert not result.timed_out
-    assert int(ex.exec(f"ls {folder}/m | wc -l", timeout_s=30).output) < 2 * LIMITS.files
-    cleaned = ex.exec(f"rm -rf {folder}/m && : > {folder}/one && echo ok", timeout_s=60)
-    assert cleaned.output.strip() == "ok"
+    assert name == "docker" or "files, over the sandbox's 2000 limit" in result.output
+    assert _held(ex, f"{folder}/m")[1] <= LIMITS.files
+    assert ex.exec(f"cat {folder}/m/kept", timeout_s=30).output.strip() == "before"
+    again = ex.exec(f"cd {folder}/m && rm -f f* && for i in $(seq 100); do : > g$i; done && ls | wc -l",
+                    timeout_s=60)
+    assert again.output.strip() == "101"  # the directory is usable again
 
 
 def test_dev_shm_is_capped(backend):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from attempt_kit import FINISH
 from scripted_server import call, reply
 
 from mkb.agent.executor import LocalExecutor
@@ -62,7 +63,7 @@ def test_attempt_without_bubblewrap_is_refused_in_one_line_and_stores_nothing(ll
 
 
 def test_the_unsafe_setting_lets_an_attempt_run_unisolated(llm_server, tmp_path):
-    llm_server.script([reply(calls=[call("bash", {"command": "echo $HOME"})]), reply(calls=[call("finish", {})])])
+    llm_server.script([reply(calls=[call("bash", {"command": "echo $HOME"})]), *FINISH])
     db = tmp_path / "unsafe.duckdb"
     result = _mkb(_attempt_args(llm_server, db), tmp_path, MKB_UNSAFE_SANDBOX="1")
     assert result.returncode == 0, result.stderr
@@ -136,8 +137,7 @@ def test_mkb_attempt_in_docker_with_the_default_limits(docker_engine, llm_server
     """The default limits (4 CPUs, 16 GiB) on whatever host this is: a 2-CPU engine refused cpus=4 before."""
     from conftest import TEST_IMAGE
 
-    llm_server.script([reply(calls=[call("bash", {"command": "nproc; touch /usr/x 2>&1 | tail -1"})]),
-                       reply(calls=[call("finish", {})])])
+    llm_server.script([reply(calls=[call("bash", {"command": "nproc; touch /usr/x 2>&1 | tail -1"})]), *FINISH])
     db = tmp_path / "docker.duckdb"
     result = CliRunner().invoke(main, _attempt_args(llm_server, db, "--sandbox", "docker", "--image", TEST_IMAGE))
     assert result.exit_code == 0, result.stderr

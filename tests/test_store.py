@@ -34,7 +34,7 @@ def test_new_database_has_every_table_and_the_schema_version(store):
     tables = {r[0] for r in store.query("SELECT table_name FROM information_schema.tables")[1]}
     assert {"problems", "problem_checks", "runs", "trials", "attempts", "messages", "submissions", "skills",
             "evaluations", "schema_migrations"} <= tables
-    assert store.schema_version == len(migrations.MIGRATIONS)
+    assert store.schema_version == migrations.latest()
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.table)
@@ -56,7 +56,7 @@ def test_migrations_apply_once_and_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(migrations, "MIGRATIONS", migrations.MIGRATIONS + [m999_add_note])
     for _ in range(2):
         with Store(path) as s:
-            assert s.schema_version == len(migrations.MIGRATIONS)
+            assert s.schema_version == migrations.latest()
             assert "note" in s.query("SELECT * FROM trials LIMIT 0")[0]
     assert applied == [1]
     with Store(path) as s:
@@ -74,7 +74,7 @@ def test_a_database_written_by_main_migrates_and_wall_s_becomes_agent_time(tmp_p
     con.close()
     with Store(path) as store:
         trials = {t.trial_id: t for t in store.trials()}
-        assert store.schema_version == len(migrations.MIGRATIONS)
+        assert store.schema_version == migrations.latest()
     assert trials["p28_r1_solo_cutedsl"].wall_s == pytest.approx(before["p28_r1_solo_cutedsl"] - 2.5)
     assert trials["p28_r1_solo_tirx"].wall_s == before["p28_r1_solo_tirx"]  # run-model's was agent time already
     assert trials["p28_r2_solo_cutedsl"].wall_s is None
@@ -82,11 +82,31 @@ def test_a_database_written_by_main_migrates_and_wall_s_becomes_agent_time(tmp_p
     assert {t.state for t in trials.values()} == {State.FINISHED}
 
 
+def test_an_older_database_gains_the_protocol_columns_and_skills_by_attempt(tmp_path):
+    path = import_main_db(tmp_path / "main.duckdb")
+    con = duckdb.connect(str(path))  # a second skill row of an earlier attempt cannot exist under the old key:
+    con.execute("UPDATE skills SET attempt_id = NULL WHERE trial_id = 'p28_r1_solo_tirx'")  # a row without an id
+    con.close()
+    with Store(path) as store:
+        trials = {t.trial_id: t for t in store.trials()}
+        skills = {s.trial_id: s for s in store.select(Skill)}
+        finals = {s.attempt_id: s.n_correct_draws for s in store.select(StoredSubmission, "kind = 'final'")}
+        assert store.skill("vllm/scripted", "p28_r1_solo_tirx").text == skills["p28_r1_solo_tirx"].text
+    cutedsl, tirx = trials["p28_r1_solo_cutedsl"], trials["p28_r1_solo_tirx"]
+    assert (tirx.ending, tirx.timed_out) == ("finish", False)  # from the message it ended with
+    assert (cutedsl.ending, cutedsl.timed_out) == (None, None)  # its message names no ending
+    assert tirx.n_correct_draws == finals[tirx.attempt_id] == 0 and cutedsl.charged_s is None
+    assert skills["p28_r1_solo_cutedsl"].attempt_id == cutedsl.attempt_id
+    assert skills["p28_r1_solo_tirx"].attempt_id == tirx.attempt_id  # taken from its trial's current attempt
+    skill = skills["p28_r1_solo_cutedsl"]
+    assert (skill.n_chars, skill.n_words) == (len(skill.text), len(skill.text.split()))
+
+
 def test_a_read_only_open_of_an_older_database_migrates_a_copy_and_leaves_the_file(tmp_path):
     path = import_main_db(tmp_path / "main.duckdb")
     before = path.read_bytes()
     with Store(path, read_only=True) as store:
-        assert store.schema_version == len(migrations.MIGRATIONS)
+        assert store.schema_version == migrations.latest()
         assert [t.trial_id for t in store.trials()] == ["p28_r1_solo_cutedsl", "p28_r1_solo_tirx"]
         assert store.rows("SELECT count(*) AS n FROM trial_outcomes WHERE attempted") == [{"n": 2}]
     assert path.read_bytes() == before
@@ -137,6 +157,12 @@ def test_a_second_writer_process_is_refused_with_a_clear_message(tmp_path):
     assert "in use by another mkb process" in out.stdout
 
 
+def test_a_directory_given_as_the_database_is_named_as_such(tmp_path):
+    for read_only in (False, True):
+        with pytest.raises(StoreError, match=f"{tmp_path} is a directory. Point --db at a database file"):
+            Store(tmp_path, read_only=read_only)
+
+
 def test_read_only_on_missing_file_says_how_to_create_it(tmp_path):
     with pytest.raises(StoreError, match="mkb db init"):
         Store(tmp_path / "absent.duckdb", read_only=True)
@@ -177,14 +203,16 @@ def test_typed_rows_go_in_whole_and_come_back_as_records(store):
     store.put(trial.model_copy(update={"state": State.FINISHED, "status": Status.INCORRECT}))
     store.put(Skill(model="openai/x", trial_id=trial.trial_id, attempt_id="a1", text="tile rows", sha256="s",
                     created_at=at))
+    store.put(Skill(model="openai/x", trial_id=trial.trial_id, attempt_id="a0", text="an earlier attempt's", sha256="e",
+                    created_at=at))
     assert store.trial("openai/x", trial.trial_id) == trial.model_copy(
         update={"state": State.FINISHED, "status": Status.INCORRECT})
     assert [m.wire() for m in store.messages("a1")] == [
         {"role": "system", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
     assert store.submissions("a1")[0].judge_record().status == Status.INCORRECT
     assert store.find_attempt(trial.trial_id).budget == {"wall_s": 2400.0} == store.find_attempt("a").budget
-    assert store.skill("openai/x", trial.trial_id).text == "tile rows"
-    store.delete(Skill, model="openai/x", trial_id=trial.trial_id)
+    assert store.skill("openai/x", trial.trial_id).text == "tile rows"  # the current attempt's, never a0's
+    store.delete(Skill, attempt_id="a1")
     assert store.skill("openai/x", trial.trial_id) is None
     with pytest.raises(MkbError, match="no trial or attempt 'p99'"):
         store.find_attempt("p99")

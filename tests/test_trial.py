@@ -33,6 +33,8 @@ P28 = resolve("p28", catalog_for(REPO / "problems"))
 GOOD_KERNEL = "import torch\n\ndef solve(x, residual, weight):\n    return x\n"
 SKILL = "Memory-bound row reduction: one pass over each row, keep the sum of squares in fp32.\n"
 MODEL = "openai/gpt-x"
+FINISH = [reply(calls=[call("finish", {})]), reply("Confirmed.", calls=[call("finish", {})])]
+"""finish and its confirmation."""
 
 
 def fake_grade(problem, kernel_path, dsl, device_slot="cpu") -> JudgeRecord:
@@ -51,42 +53,65 @@ def settings(tmp_path):
     return load_settings(home=tmp_path / "home", device="cpu")
 
 
-def run_one(store, settings, llm_server, steps, *, dsl=Dsl.CUTEDSL, skill=None, grade=fake_grade):
+def run_one(store, settings, llm_server, steps, *, dsl=Dsl.CUTEDSL, skill=None, grade=fake_grade, model=MODEL):
     """One trial at p28 through protocol.execute, the wiring `mkb attempt` and `mkb run-model` share."""
     llm_server.script(steps)
-    request = protocol.RunRequest(model=MODEL, base_url=llm_server.base_url, concurrency=1, command="test")
+    request = protocol.RunRequest(model=model, base_url=llm_server.base_url, concurrency=1, command="test")
     spec = TrialSpec(problem=P28, replicate=1, arm=arm_for(dsl, skill is not None))
     protocol.execute(settings, store, request, [PlanItem(spec=spec, action=Action.RUN)], grade=grade,
                      given_skills={spec.trial_id: skill} if skill else None)
-    return store.trial(MODEL, spec.trial_id)
+    return store.trial(model, spec.trial_id)
 
 
 def test_a_trial_is_stored_with_run_attempt_messages_submissions_and_skill(store, settings, llm_server):
     trial = run_one(store, settings, llm_server, [
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
         reply(calls=[call("submit", {}), call("write_file", {"path": "SKILL.md", "content": SKILL})]),
-        reply(calls=[call("finish", {})]),
+        *FINISH,
     ])
     assert trial.trial_id == "p28_r1_solo_cutedsl" and trial.source_trial_id is None
     assert (trial.state, trial.status, trial.speedup, trial.n_submissions, trial.n_turns) == \
-        (State.FINISHED, Status.PASSED, 2.0, 1, 3)
+        (State.FINISHED, Status.PASSED, 2.0, 1, 4)
     assert 0 < trial.wall_s < 60 and trial.queue_s >= 0 and trial.message == "finish: the agent called finish"
+    assert (trial.ending, trial.timed_out, trial.n_handoffs, trial.cached_tokens) == ("finish", False, 0, 0)
+    assert trial.total_s >= trial.charged_s > 0 and 2340 < trial.time_left_s < 2400
+    assert (trial.cost_usd, trial.cost_source) == (None, None)  # neither reported nor in the price table
     attempt = store.find_attempt(trial.trial_id)
     assert attempt.attempt_id == trial.attempt_id and attempt.sandbox == EXPECTED_SANDBOX
-    assert attempt.budget["wall_s"] == 2400.0 and attempt.usage["prompt_tokens"] == 300
+    assert attempt.budget["wall_s"] == 2400.0 and attempt.usage["prompt_tokens"] == 400
+    assert attempt.conditions["clock"] == "paper" and attempt.conditions["manuals"] == "guide+api+examples"
     messages = store.messages(attempt.attempt_id)
-    assert [m.seq for m in messages] == list(range(len(messages))) and len(messages) == 10
+    assert [m.seq for m in messages] == list(range(len(messages))) and len(messages) == 12
     assert [s.kind for s in store.submissions(attempt.attempt_id)] == ["feedback", "final"]
-    assert store.skill(MODEL, trial.trial_id).text == SKILL
+    skill = store.skill(MODEL, trial.trial_id)
+    assert (skill.text, skill.attempt_id, skill.n_words) == (SKILL, trial.attempt_id, len(SKILL.split()))
     [run] = store.select(Run)
     assert (run.provider, run.api_key_env, run.state, run.command) == ("openai", None, State.FINISHED, "test")
-    assert set(run.params) == {"model", "request", "budget", "sandbox", "image", "device", "scale"}
+    assert set(run.params) == {"model", "request", "budget", "sandbox", "image", "device", "scale", "conditions"}
     assert trial.fingerprint == fingerprint_parts(settings, TrialSpec(problem=P28, replicate=1, arm=trial.arm),
                                                   Budget(), None).sha256
 
 
+def test_cost_comes_from_the_provider_else_from_the_price_table(store, settings, llm_server):
+    from mkb.agent.budget import Usage
+    from mkb.agent.prices import PRICES, cost
+
+    usage = Usage(prompt_tokens=1_000_000, cached_tokens=400_000, completion_tokens=100_000)
+    price = PRICES["deepseek/deepseek-chat"]
+    expected = 0.6 * price.input + 0.4 * price.cached_input + 0.1 * price.output
+    assert cost("deepseek/deepseek-chat", usage) == (pytest.approx(expected), f"price-table:{price.since}")
+    assert cost("deepseek/deepseek-chat", usage.model_copy(update={"cost_usd": 1.25})) == (1.25, "provider")
+    assert cost("vllm/unknown-model", usage) == (None, None)  # never a guess
+    trial = run_one(store, settings, llm_server, [reply(calls=[call("finish", {})], cached_tokens=60),
+                                                  reply(calls=[call("finish", {})], cached_tokens=90)],
+                    model="deepseek/deepseek-chat")
+    assert (trial.prompt_tokens, trial.cached_tokens, trial.completion_tokens) == (200, 150, 40)
+    assert trial.cost_usd == pytest.approx((50 * price.input + 150 * price.cached_input + 40 * price.output) / 1e6)
+    assert trial.cost_source == f"price-table:{price.since}"
+
+
 def test_a_skill_attempt_is_stored_as_the_skill_arm(store, settings, llm_server):
-    trial = run_one(store, settings, llm_server, [reply(calls=[call("finish", {})])], dsl=Dsl.TIRX, skill=SKILL)
+    trial = run_one(store, settings, llm_server, FINISH, dsl=Dsl.TIRX, skill=SKILL)
     assert trial.trial_id == "p28_r1_cutedsl2tirx_skill" and trial.source_trial_id is None
     assert trial.skill_sha256 and trial.fingerprint_parts["source_skill"] == trial.skill_sha256
     assert SKILL.strip() in store.messages(trial.attempt_id)[1].content
@@ -97,7 +122,7 @@ def test_show_prints_a_transcript(store, settings, llm_server):
     trial = run_one(store, settings, llm_server, [
         reply("Writing a kernel.", calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
         reply(calls=[call("bash", {"command": "echo hello-from-bash"})]),
-        reply(calls=[call("finish", {})]),
+        *FINISH,
     ])
     store.close()
     runner = CliRunner()
@@ -106,7 +131,7 @@ def test_show_prints_a_transcript(store, settings, llm_server):
     for text in ("Writing a kernel.", "write_file", "def solve", "hello-from-bash", "finish", "gradings", "passed"):
         assert text in result.stderr
     data = json.loads(runner.invoke(main, ["show", trial.attempt_id[:8], "--db", str(store.path), "--json"]).stdout)
-    assert len(data["messages"]) == 9 and data["attempt"]["status"] == "passed"
+    assert len(data["messages"]) == 11 and data["attempt"]["status"] == "passed"
     missing = runner.invoke(main, ["show", "p99_r1_solo_tirx", "--db", str(store.path)])
     assert missing.exit_code == 1 and "no trial or attempt 'p99_r1_solo_tirx'" in missing.stderr
 
@@ -118,7 +143,7 @@ def test_replay_re_executes_recorded_tool_calls_without_a_model(store, settings,
         reply(calls=[call("write_file", {"path": "kernel.py", "content": "WRONG\ndef solve(*a): pass\n"})]),
         reply(calls=[call("submit", {})]),
         reply(calls=[call("bash", {"command": "sed -i 's/WRONG/# fixed/' kernel.py"})]),
-        reply(calls=[call("finish", {})]),
+        *FINISH,
     ])
     requests_before, graded = len(llm_server.requests), []
 
@@ -151,7 +176,7 @@ def test_cli_attempt_stores_a_complete_transcript(llm_server, tmp_path):
     llm_server.script([
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
         reply(calls=[call("write_file", {"path": "SKILL.md", "content": SKILL})]),
-        reply(calls=[call("finish", {})]),
+        *FINISH,
     ])
     db = tmp_path / "cli.duckdb"
     result = CliRunner().invoke(main, ["attempt", "p28", "--dsl", "cutedsl", "--model", MODEL, "--base-url",
@@ -162,7 +187,7 @@ def test_cli_attempt_stores_a_complete_transcript(llm_server, tmp_path):
     assert summary["status"] == "incorrect"  # the real judge, CPU mode: this kernel returns its inputs
     with Store(db, read_only=True) as store:
         messages = store.messages(summary["attempt_id"])
-        assert [m.role for m in messages] == ["system", "user"] + ["assistant", "tool"] * 3 + ["user"]
+        assert [m.role for m in messages] == ["system", "user"] + ["assistant", "tool"] * 4 + ["user"]
         assert "CPU (test mode" in messages[0].content
         [final] = store.submissions(summary["attempt_id"])
         assert (final.kind, final.status, final.record["device"]) == ("final", Status.INCORRECT, "cpu")
@@ -209,19 +234,22 @@ def test_a_killed_attempt_loses_at_most_the_message_in_flight(entry, llm_server,
         hold.release()
         if proc.poll() is None:
             proc.kill()
-    with Store(db) as store:
+    with Store(db, read_only=True) as store:  # as the kill left it (a write open marks it interrupted)
         [trial] = store.trials()
         attempt = store.find_attempt(trial.trial_id)
         assert attempt.state == State.RUNNING and attempt.finished_at is None and trial.state == State.RUNNING
         messages = store.messages(attempt.attempt_id)
         assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
         assert messages[2].content == "first" and "wrote" in messages[3].content
+    with Store(db) as store:
+        assert store.find_attempt(trial.trial_id).state == State.INTERRUPTED
+        assert len(store.messages(attempt.attempt_id)) == 4
 
 
 def test_cli_replay_regrades_with_the_current_judge(store, settings, llm_server):
     trial = run_one(store, settings, llm_server, [
         reply(calls=[call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
-        reply(calls=[call("finish", {})]),
+        *FINISH,
     ])
     store.close()
     result = CliRunner().invoke(main, ["replay", trial.trial_id, "--device", "cpu", "--db", str(store.path), "--json"])
@@ -236,7 +264,8 @@ def test_cli_replay_regrades_with_the_current_judge(store, settings, llm_server)
 RESPONSES = [reply("kernel", [call("write_file", {"path": "kernel.py", "content": GOOD_KERNEL})]),
              reply(None, [call("submit", {})]),
              reply("skill", [call("write_file", {"path": "SKILL.md", "content": SKILL})]),
-             reply("done", [call("bash", {"command": "ls"}), call("finish", {})])]
+             reply("done", [call("bash", {"command": "ls"}), call("finish", {})]),
+             reply("confirmed", [call("finish", {})])]
 
 
 def responder(body: dict) -> dict:
@@ -248,7 +277,8 @@ VARIES = re.compile(r"(^|_)(id|at)$|_s$|^(seed|seeds|max_error|allowance|spare|c
 """Keys whose values differ between any two runs of one attempt: ids, timestamps, durations (every *_s), the
 judge's random draws (seeds and the errors measured on them), whether a judge process had been started
 ahead (spare), and the command line that started the run."""
-DRAWN = re.compile(r"max error \S+ > allowance \S+|\[clock: \d+m\d+s elapsed, \d+m\d+s left")
+DRAWN = re.compile(r"max error \S+ > allowance \S+|\[clock: \d+m\d+s elapsed, \d+m\d+s left|graded in \d+ s"
+                   r"|Finish now\? \d+m\d+s")
 
 
 def _same_up_to_ids_and_times(value):
@@ -278,7 +308,7 @@ def test_the_same_attempt_leaves_the_same_rows_through_attempt_and_run_model(llm
     assert run.exit_code == 0, run.stderr
     by_attempt, by_run_model = _rows(tmp_path / "attempt.duckdb"), _rows(tmp_path / "run.duckdb")
     assert {table: len(rows) for table, rows in by_attempt.items()} == {
-        "runs": 1, "trials": 1, "attempts": 1, "messages": 12, "submissions": 2, "skills": 1}
+        "runs": 1, "trials": 1, "attempts": 1, "messages": 14, "submissions": 2, "skills": 1}
     assert by_attempt == by_run_model
 
 
@@ -286,12 +316,13 @@ def test_the_same_attempt_leaves_the_same_rows_through_attempt_and_run_model(llm
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_attempt.json"
 """A recorded attempt (tests/data/regenerate.py rewrites it): p28 in TIRx, a valid kernel, the real CPU judge."""
-CLOCK = re.compile(r"\[clock: [^;]*;")
+CLOCK = re.compile(r"\[clock: [^;]*;|graded in \d+ s|Finish now\? .*? and (?=\d+ of)")
 
 
 def _observations(messages) -> list[str]:
-    """What the tools told the model, the clock's times left out (a replay runs without a time budget)."""
-    return [CLOCK.sub("[clock: <time>;", m.content) for m in messages if m.role == "tool"]
+    """What the tools told the model, times left out (a replay runs without a time budget; gradings take as long
+    as they take)."""
+    return [CLOCK.sub("<time>", m.content) for m in messages if m.role == "tool"]
 
 
 def test_the_golden_attempt_replays_with_the_same_observations(tmp_path):

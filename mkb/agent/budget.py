@@ -1,4 +1,4 @@
-"""The matched budget of one attempt and the clock that charges it (GPU queue time excluded)."""
+"""The matched budget of one attempt and the clock that charges it (the paper's all-inclusive clock, or ours)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ class Budget(Record):
     """What one attempt may spend (DESIGN §6); the same for every arm of a cell."""
 
     wall_s: float | None = 2400.0
-    """Agent wall clock, excluding time queued for a GPU and provider backoff; None for no limit."""
+    """Wall clock of the attempt (what the clock charges depends on Conditions.clock); None for no limit."""
     n_submissions: int = 10
     """Feedback submissions (the final grading is not one of them)."""
     max_turns: int | None = None
@@ -37,10 +37,14 @@ class Usage(Record):
     """Tokens received, summed over replies."""
     reasoning_tokens: int = 0
     """Of the completion tokens, those spent on hidden reasoning (where reported)."""
+    cached_tokens: int = 0
+    """Of the prompt tokens, those the provider served from its prompt cache (where reported)."""
     cost_usd: float | None = None
     """Provider-reported cost, where the provider reports one (e.g. OpenRouter)."""
     n_tool_calls: int = 0
     """Tool calls the model made."""
+    n_handoffs: int = 0
+    """Times the context was full and the conversation was handed over to the model's own summary."""
 
     def add(self, extra: dict) -> None:
         """Count one reply from its metadata."""
@@ -48,24 +52,37 @@ class Usage(Record):
         self.prompt_tokens += int(extra.get("prompt_tokens") or 0)
         self.completion_tokens += int(extra.get("completion_tokens") or 0)
         self.reasoning_tokens += int(extra.get("reasoning_tokens") or 0)
+        self.cached_tokens += int(extra.get("cached_tokens") or 0)
         if extra.get("cost_usd") is not None:
             self.cost_usd = (self.cost_usd or 0.0) + float(extra["cost_usd"])
 
 
 class Clock:
-    """Charges wall time to an attempt; time spent waiting (GPU queue, provider backoff) is paused out."""
+    """Charges wall time to an attempt.
 
-    def __init__(self, budget: Budget, now: Callable[[], float]):
-        self.budget, self._now = budget, now
+    mode "paper" charges everything, as the original's 40 minutes did (judge queue and grading
+    included); mode "agent" pauses out the time spent waiting for a GPU and in provider backoff. Both
+    waits are recorded either way, so either clock can be reconstructed from a stored attempt.
+    """
+
+    def __init__(self, budget: Budget, now: Callable[[], float], mode: str = "paper"):
+        self.budget, self._now, self.mode = budget, now, mode
         self.started = now()
         self.paused_s = 0.0
         self.queue_s = 0.0
+        """Seconds the gradings waited for a GPU."""
+        self.backoff_s = 0.0
+        """Seconds slept in provider backoff."""
 
     def pause(self, seconds: float, queued: bool = False) -> None:
-        """Exclude seconds already spent waiting from the charged time."""
-        self.paused_s += max(0.0, seconds)
+        """Seconds already spent waiting (queued for a GPU, or provider backoff): charged only by the paper clock."""
+        seconds = max(0.0, seconds)
         if queued:
-            self.queue_s += max(0.0, seconds)
+            self.queue_s += seconds
+        else:
+            self.backoff_s += seconds
+        if self.mode != "paper":
+            self.paused_s += seconds
 
     def wall_s(self) -> float:
         """Seconds since the start, everything included."""
@@ -88,9 +105,17 @@ class Clock:
             return "tokens"
         return None
 
+    def left_text(self) -> str:
+        """The budget left as the clock line shows it, e.g. 27m55s (or 'no time limit')."""
+        return "no time limit" if self.budget.wall_s is None else _mmss(self.remaining_s())
+
+    def elapsed_text(self) -> str:
+        """The charged time as the clock line shows it, e.g. 12m05s elapsed."""
+        return f"{_mmss(self.elapsed_s())} elapsed"
+
     def line(self, submissions_left: int) -> str:
         """The visible clock appended to every tool result."""
-        left = "no limit" if self.budget.wall_s is None else f"{_mmss(self.remaining_s())} left"
+        left = "no limit" if self.budget.wall_s is None else f"{self.left_text()} left"
         return (f"[clock: {_mmss(self.elapsed_s())} elapsed, {left}; "
                 f"submissions left: {submissions_left} of {self.budget.n_submissions}]")
 

@@ -9,6 +9,7 @@ files), and counts allocated blocks (a sparse file counts what it uses). Deeper 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -33,8 +34,8 @@ class Usage:
     """Top-level entries holding a tree deeper than MAX_DEPTH, or one the walk cannot open."""
 
 
-def usage(root: Path) -> Usage:
-    """Walk root without following links."""
+def usage(root: Path, inodes: set[tuple[int, int]] | None = None) -> Usage:
+    """Walk root without following links; each entry's (device, inode) goes into inodes when it is given."""
     found = Usage()
     top = _open_dir(str(root), None)
     if top is None:
@@ -54,6 +55,8 @@ def usage(root: Path) -> Usage:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if inodes is not None:
+                inodes.add((st.st_dev, st.st_ino))
             if not stat.S_ISDIR(st.st_mode):
                 found.bytes += st.st_blocks * 512
                 continue
@@ -88,13 +91,62 @@ def _open_dir(name: str, parent: int | None) -> int | None:
         return None
 
 
+def remove_new(root: Path, keep: set[tuple[int, int]]) -> int:
+    """Remove every entry under root whose (device, inode) is not in keep (a new folder goes whole); how many
+    files or folders went (a folder counts once). Walks by descriptors, as usage() does, and never follows a link."""
+    removed = 0
+    top = _open_dir(str(root), None)
+    if top is None:
+        return 0
+    stack = [top]
+    try:
+        while stack:
+            fd = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    found = list(entries)
+                for entry in found:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if (st.st_dev, st.st_ino) in keep:
+                        child = _open_dir(entry.name, fd) if stat.S_ISDIR(st.st_mode) and len(stack) < MAX_DEPTH \
+                            else None
+                        stack += [child] if child is not None else []
+                        continue
+                    removed += _remove(entry.name, fd, stat.S_ISDIR(st.st_mode))
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+    return removed
+
+
+def _remove(name: str, parent: int, is_dir: bool) -> int:
+    try:
+        if not is_dir:
+            os.unlink(name, dir_fd=parent)
+            return 1
+        try:
+            shutil.rmtree(name, dir_fd=parent)
+        except OSError:  # a folder the command made unreadable: the walk makes it readable, then again
+            usage(Path(f"/proc/self/fd/{parent}") / name)
+            shutil.rmtree(name, dir_fd=parent)
+        return 1
+    except OSError:
+        return 0
+
+
 class DiskWatch:
     """Polls directories while a command runs and calls on_over once when one has grown past max(its limit,
     what it held when the command started), in bytes or in files, or holds a tree deeper than MAX_DEPTH: a
     command can always delete, never grow a directory that is over a limit. The overshoot is what the command
     writes within one poll (each file is also capped by RLIMIT_FSIZE); a command that ends before the next poll
-    is checked at its end and its output says it left a directory over a limit. Too deep trees are removed on
-    entry and exit.
+    is checked at its end. Either way, what the command created in a directory it left over a limit is removed
+    at its end (files and folders that were there before it stay), so no command leaves more files behind than
+    the limit, however fast it writes. Too deep trees are removed on entry and exit.
     """
 
     def __init__(self, dirs: dict[str, Path], limits: SandboxLimits, on_over: Callable[[], None],
@@ -107,8 +159,12 @@ class DiskWatch:
         self.notices: list[str] = []
         """What was over a limit and what was removed, for the command's output."""
         self.allowed = {}
+        self.before: dict[str, set[tuple[int, int]]] = {}
+        """The entries each directory held when the command started."""
         for label, d in self.dirs.items():
             now = self._prune(label, usage(d))
+            self.before[label] = set()
+            usage(d, self.before[label])
             self.allowed[label] = (max(limits.disk_mb * MIB, now.bytes), max(limits.files, now.entries))
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="disk-watch", daemon=True)
@@ -123,10 +179,15 @@ class DiskWatch:
         killed = bool(self.notices) and self.notices[0].startswith("the command was killed")
         for label, d in self.dirs.items():
             now = self._prune(label, usage(d))
+            if not (over := self._over(label, now)):
+                continue
             # A command shorter than one poll ends before the watch looks: say so at its end instead.
-            if not killed and (over := self._over(label, now)):
-                self.notices.insert(0, f"the command ended over a limit: {over}; delete files to go on")
+            if not killed:
+                self.notices.insert(0, f"the command ended over a limit: {over}")
                 killed = True
+            if n := remove_new(d, self.before[label]):
+                self.notices.append(f"{label} was over a limit: the {n} files or folders the command created there "
+                                    f"were removed; what was there before it stays")
 
     def _poll(self) -> None:
         wait = self.interval_s
@@ -134,7 +195,7 @@ class DiskWatch:
             started = time.monotonic()
             for label, d in self.dirs.items():
                 if over := self._over(label, usage(d)):
-                    self.notices.insert(0, f"the command was killed: {over}; delete files to go on")
+                    self.notices.insert(0, f"the command was killed: {over}")
                     self.on_over()
                     return
             wait = max(self.interval_s, 5 * (time.monotonic() - started))  # a huge tree is polled less often

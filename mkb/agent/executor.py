@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -258,7 +259,10 @@ class LocalExecutor:
 
     def _host_path(self, path: str) -> Path:
         rel = relative_path(path, self.workdir)
-        target = (self.root / rel).resolve()
+        try:
+            target = (self.root / rel).resolve()
+        except RuntimeError:  # a symlink loop the agent made (Python < 3.13 raises this, naming the host path)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path) from None
         if not target.is_relative_to(self.root):
             raise PermissionError(f"{path} resolves outside the workspace")
         return target

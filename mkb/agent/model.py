@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -68,8 +69,9 @@ class ModelConfig(Record):
     """Provider-specific request fields, sent as they are (e.g. {"enable_thinking": true})."""
     timeout_s: float = 900.0
     """Per-request timeout."""
-    max_retries: int = 8
-    """Retries of one request on rate limits, timeouts, connection errors and 5xx."""
+    retry_s: float = 240.0
+    """Seconds one request may spend waiting to retry rate limits, timeouts, connection errors and 5xx (setting
+    model_retry_s); the waits double from 2 s up to 60 s and the last one is cut to what is left."""
 
     @property
     def spec(self) -> str:
@@ -172,8 +174,8 @@ class ChatModel:
         self._sleep, self._backoff_s, self._max_backoff_s = sleep, backoff_s, max_backoff_s
 
     def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Completion:
-        waited = 0.0
-        for attempt in range(self.config.max_retries + 1):
+        waited, attempt = 0.0, 0
+        while True:
             started = time.monotonic()
             try:
                 response = self.client.chat.completions.with_raw_response.create(
@@ -195,13 +197,16 @@ class ChatModel:
                                     f"reply: {exc}") from None
             else:  # some providers answer 200 with no choices (and an 'error' field) when the upstream fails
                 problem, retry_after = f"a reply without choices: {json.dumps(data)[:300]}", None
-            if attempt == self.config.max_retries:
-                raise ProviderError(f"{problem} (gave up after {attempt} retries)")
-            delay = min(self._max_backoff_s, retry_after or self._backoff_s * 2 ** attempt)
-            log.warning("%s: %s; retrying in %.0f s", self.config.spec, problem, delay)
+            left = self.config.retry_s - waited
+            if left <= 0:
+                raise ProviderError(f"{problem} (gave up after {attempt} retries and {waited:.0f} s of waiting; "
+                                    f"MKB_MODEL_RETRY_S={self.config.retry_s:g} sets how long to keep trying)")
+            delay = min(self._max_backoff_s, retry_after or self._backoff_s * 2 ** attempt, left)
+            attempt += 1
+            log.warning("%s: %s; retry %d in %.1f s (%.0f of %.0f s of retry waiting left after it)", self.config.spec,
+                        problem, attempt, delay, left - delay, self.config.retry_s)
             self._sleep(delay)
             waited += delay
-        raise AssertionError("unreachable")
 
 
 def _describe(exc: openai.APIStatusError) -> str:
@@ -211,10 +216,12 @@ def _describe(exc: openai.APIStatusError) -> str:
 
 
 def _retry_after(exc: openai.APIStatusError) -> float | None:
+    """The Retry-After header in seconds; None when absent, or not a finite number >= 0 (never trusted blindly)."""
     try:
-        return float(exc.response.headers.get("retry-after", ""))
+        seconds = float(exc.response.headers.get("retry-after", ""))
     except (TypeError, ValueError):
         return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class ScriptedModel:

@@ -9,13 +9,13 @@ from typing import Any
 
 import jinja2
 
-from mkb.environment import toolchain_versions
+from mkb.agent.conditions import KERNEL_BYTE_LIMIT, Conditions
 from mkb.records import Dsl, ProblemInfo
 
 DSL_NAMES = {Dsl.CUTEDSL: "CuTe DSL", Dsl.TIRX: "TIRx"}
 OTHER_DSL_NAMES = {Dsl.CUTEDSL: "TIRx / TVM", Dsl.TIRX: "CuTe DSL / CUTLASS"}
-GRADING = {"correctness_draws": 5, "warmup_calls": 10, "timed_calls": 50}
-"""The judge's procedure as the contract states it (DESIGN §5)."""
+GRADING = {"correctness_draws": 5, "warmup_calls": 10, "timed_calls": 50, "kernel_byte_limit": KERNEL_BYTE_LIMIT}
+"""The judge's procedure and the submission limit as the contract states them (DESIGN §5)."""
 
 
 @dataclass(frozen=True)
@@ -59,18 +59,29 @@ def contract_values(problem: ProblemInfo, dsl: Dsl, dsl_policy: str = "paper") -
 
 
 def instruction(problem: ProblemInfo, dsl: Dsl, *, gpu: Gpu, budget_s: float | None, n_submissions: int,
-                workdir: str, has_docs: bool, templates_dir: Path, dsl_policy: str = "paper") -> str:
-    """The instruction (system message): task, meaning of results, rules, contract, environment, budget."""
+                workdir: str, has_docs: bool, templates_dir: Path, conditions: Conditions = Conditions()) -> str:
+    """The instruction (system message): task, meaning of results, deliverables, boundary, contract,
+    environment, budget and a suggested workflow, in the original's order."""
     budget_text = "unlimited time" if budget_s is None else f"{budget_s / 60:g} minutes"
-    return render("instruction.md.j2", templates_dir, **contract_values(problem, dsl, dsl_policy), gpu=gpu.name,
-                  arch=gpu.arch,
-                  budget_text=budget_text, n_submissions=n_submissions, workdir=workdir, has_docs=has_docs,
-                  versions=toolchain_versions())
+    return render("instruction.md.j2", templates_dir, **contract_values(problem, dsl, conditions.dsl_policy),
+                  gpu=gpu.name, arch=gpu.arch, budget_text=budget_text, n_submissions=n_submissions, workdir=workdir,
+                  has_docs=has_docs, clock=conditions.clock, sandbox_cpus=conditions.sandbox_cpus,
+                  sandbox_memory_mb=conditions.sandbox_memory_mb)
 
 
 def kickoff(workdir: str, skill_text: str | None, templates_dir: Path) -> str:
     """The first user message; for a skill arm it carries the transfer header and the skill."""
     return render("kickoff.md.j2", templates_dir, workdir=workdir, skill_text=skill_text)
+
+
+def opening(problem: ProblemInfo, dsl: Dsl, skill_text: str | None, *, gpu: Gpu, budget_s: float | None,
+            n_submissions: int, workdir: str, has_docs: bool, templates_dir: Path,
+            conditions: Conditions = Conditions()) -> list[dict[str, str]]:
+    """The first two messages of an attempt, exactly as the model receives them: the instruction and the kickoff."""
+    system = instruction(problem, dsl, gpu=gpu, budget_s=budget_s, n_submissions=n_submissions, workdir=workdir,
+                         has_docs=has_docs, templates_dir=templates_dir, conditions=conditions)
+    return [{"role": "system", "content": system},
+            {"role": "user", "content": kickoff(workdir, skill_text, templates_dir)}]
 
 
 def contract(problem: ProblemInfo, dsl: Dsl, templates_dir: Path, dsl_policy: str = "paper") -> str:

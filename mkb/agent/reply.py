@@ -72,9 +72,12 @@ def completion(data: dict[str, Any], retries: int, waited_s: float, latency_s: f
         message["tool_calls"] = calls
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
     details = usage.get("completion_tokens_details") if isinstance(usage.get("completion_tokens_details"), dict) else {}
+    prompt_details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    cached = prompt_details.get("cached_tokens", usage.get("prompt_cache_hit_tokens"))  # OpenAI's name, DeepSeek's
     extra = {"prompt_tokens": _count(usage.get("prompt_tokens")),
              "completion_tokens": _count(usage.get("completion_tokens")),
-             "reasoning_tokens": _count(details.get("reasoning_tokens")), "cost_usd": _number(usage.get("cost")),
+             "reasoning_tokens": _count(details.get("reasoning_tokens")), "cached_tokens": _count(cached),
+             "cost_usd": _number(usage.get("cost")),
              "finish_reason": _text(choice.get("finish_reason")), "model": _text(data.get("model")),
              "retries": retries, "latency_s": round(latency_s, 3)}
     reasoning = _text(raw.get("reasoning_content")) or _text(raw.get("reasoning"))

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mkb.agent import feedback, prompts
 from mkb.agent.budget import Budget, Clock
 from mkb.agent.executor import Executor
-from mkb.records import JudgeRecord, Record, Status
+from mkb.records import Dsl, JudgeRecord, Record, Status
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +40,9 @@ TOOL_SPECS: list[dict[str, Any]] = [
            "content": {"type": "string", "description": "The complete new content of the file."}},
           ["path", "content"]),
     _tool("submit", "Grade the current kernel.py on the GPU (correctness on fresh inputs, then timing) and get "
-          "the result. Feedback only; limited number per attempt.", {}, []),
-    _tool("finish", "End the attempt. The kernel.py in the workspace is then graded once more: that is the "
-          "result. Make sure SKILL.md is written first.",
+          "the report. Feedback only; limited number per attempt.", {}, []),
+    _tool("finish", "End the attempt early (it asks you to confirm with a second call). The kernel.py in the "
+          "workspace is then graded once more: that is the result. There is no bonus for finishing early.",
           {"summary": {"type": "string", "description": "Optional one-paragraph summary of what you did."}}, []),
 ]
 TOOL_NAMES = tuple(t["function"]["name"] for t in TOOL_SPECS)
@@ -83,11 +84,19 @@ class Toolbox:
     """Runs tool calls against one workspace. Every failure is returned to the model as text."""
 
     def __init__(self, executor: Executor, grade: Grade, clock: Clock, budget: Budget,
-                 on_submission: Callable[[Submission], None] | None = None):
+                 on_submission: Callable[[Submission], None] | None = None, *, variant: tuple[str, Dsl],
+                 templates_dir: Path):
+        """Args:
+            variant: (problem id, dsl) of the attempt, for the records of kernels refused before grading.
+        """
         self.executor, self.grade, self.clock, self.budget = executor, grade, clock, budget
         self.on_submission = on_submission or (lambda s: None)
+        self.variant, self.templates_dir = variant, templates_dir
         self.submissions: list[Submission] = []
         self.finished = False
+        self.turn = 0
+        """The model reply being executed (the loop sets it); a finish is confirmed only in a later one."""
+        self._finish_asked: int | None = None
         # named after this process: a run killed with kill -9 leaves it to the next run's sweep (mkb.judge.leftovers)
         self._staging = tempfile.TemporaryDirectory(prefix=f"mkb-submissions-{os.getpid()}-")
 
@@ -102,6 +111,8 @@ class Toolbox:
         if name not in TOOL_NAMES:
             return ToolResult(f"error: unknown tool '{name}'. The tools are: {', '.join(TOOL_NAMES)}.",
                               {"error": "unknown_tool"})
+        if name != "finish":
+            self._finish_asked = None  # any other action withdraws a request to finish
         try:
             args = _arguments(name, raw)
         except ValueError as exc:
@@ -109,7 +120,10 @@ class Toolbox:
         try:
             return getattr(self, f"_{name}")(**args)
         except (OSError, ValueError) as exc:
-            return ToolResult(f"error: {name} failed: {exc}", {"error": type(exc).__name__})
+            text = _error_text(exc, args)
+            root = getattr(self.executor, "root", None)  # never the host path of the workspace, whatever the error
+            text = text.replace(str(root), self.executor.workdir) if root is not None else text
+            return ToolResult(f"error: {name} failed: {text}", {"error": type(exc).__name__})
 
     def _bash(self, command: str, timeout_s: float | None = None) -> ToolResult:
         limit = min(timeout_s or self.budget.bash_timeout_s, self.budget.bash_timeout_s, self.clock.remaining_s())
@@ -136,28 +150,51 @@ class Toolbox:
             return ToolResult(f"error: no submissions left (all {self.budget.n_submissions} used). Keep improving "
                               "kernel.py if you like: it is graded once more when the attempt ends.",
                               {"error": "no_submissions_left"})
-        submission = self.grade_kernel("feedback")
+        source, unreadable = self._snapshot()
+        refused = unreadable or feedback.precheck(source)
+        if refused is not None:
+            return ToolResult(f"not submitted: {refused}. It was not graded and does not count as a submission.",
+                              {"refused": refused})
+        submission = self.grade_kernel("feedback", source)
         return ToolResult(summarize(submission), {"submission": submission.n})
 
     def _finish(self, summary: str = "") -> ToolResult:
-        self.finished = True
-        return ToolResult("finished: kernel.py will now be graded once more; that grading is the attempt's result.",
-                          {"summary": summary} if summary else {})
+        extra = {"summary": summary} if summary else {}
+        if self._finish_asked is not None and self._finish_asked < self.turn:
+            self.finished = True
+            return ToolResult("finished: kernel.py will now be graded once more; that grading is the attempt's "
+                              "result.", {**extra, "confirmed": True})
+        self._finish_asked = self.turn
+        text = prompts.render("finish_confirm.md.j2", self.templates_dir, time_left=self.clock.left_text(),
+                              submissions_left=self.submissions_left, n_submissions=self.budget.n_submissions)
+        return ToolResult(text.strip(), {**extra, "confirm": "asked"})
 
-    def grade_kernel(self, kind: str) -> Submission:
-        """Snapshot kernel.py out of the workspace, grade the snapshot, record the submission."""
+    def _snapshot(self) -> tuple[str, str | None]:
+        """kernel.py's text, or ("", why it cannot be read): missing, a directory, outside the workspace, too large."""
         try:
-            source = self.executor.read_file("kernel.py")
+            return self.executor.read_file("kernel.py"), None
         except (OSError, ValueError) as exc:
-            log.info("kernel.py unreadable (%s): grading an empty file", exc)
-            source = ""
+            log.info("kernel.py unreadable: %s", exc)
+            return "", f"kernel.py cannot be read ({exc})"
+
+    def grade_kernel(self, kind: str, source: str | None = None) -> Submission:
+        """Snapshot kernel.py out of the workspace, grade the snapshot, record the submission.
+
+        A kernel that cannot be graded (feedback.precheck) is not sent to the judge: the final grading
+        records it as an import_error with the reason (feedback submissions refuse it before this).
+        """
+        source, unreadable = self._snapshot() if source is None else (source, None)
         n = len(self.submissions) + 1
-        path = Path(self._staging.name) / f"{n:02d}" / "kernel.py"
-        path.parent.mkdir()
-        path.write_text(source, encoding="utf-8")
-        outcome = self.grade(str(path))
-        record, queue_s = (outcome, float(outcome.details.get("queue_s") or 0.0)) \
-            if isinstance(outcome, JudgeRecord) else (outcome.record, float(outcome.queue_s or 0.0))
+        refused = unreadable or feedback.precheck(source)
+        if refused is not None:
+            record, queue_s = self._refused(refused), 0.0
+        else:
+            path = Path(self._staging.name) / f"{n:02d}" / "kernel.py"
+            path.parent.mkdir()
+            path.write_text(source, encoding="utf-8")
+            outcome = self.grade(str(path))
+            record, queue_s = (outcome, float(outcome.details.get("queue_s") or 0.0)) \
+                if isinstance(outcome, JudgeRecord) else (outcome.record, float(outcome.queue_s or 0.0))
         self.clock.pause(queue_s, queued=True)
         submission = Submission(n=n, kind=kind, record=record, kernel_source=source,
                                 kernel_sha256=hashlib.sha256(source.encode()).hexdigest(), queue_s=queue_s,
@@ -165,6 +202,11 @@ class Toolbox:
         self.submissions.append(submission)
         self.on_submission(submission)
         return submission
+
+    def _refused(self, reason: str) -> JudgeRecord:
+        problem, dsl = self.variant
+        return JudgeRecord(status=Status.IMPORT_ERROR, message=f"not graded: {reason}", problem=problem, dsl=dsl,
+                           device="none", details={"refused": reason})
 
     def read_skill(self) -> str | None:
         """SKILL.md as the agent left it; None when missing or blank."""
@@ -176,6 +218,13 @@ class Toolbox:
 
     def close(self) -> None:
         self._staging.cleanup()
+
+
+def _error_text(exc: Exception, args: dict[str, Any]) -> str:
+    """An OS error names the path the model gave, never the host path it resolved to."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{args['path']}: {exc.strerror}" if "path" in args else str(exc.strerror)
+    return str(exc)
 
 
 def _arguments(name: str, raw: str | dict) -> dict[str, Any]:
@@ -206,16 +255,6 @@ def _shape(schema: dict[str, Any]) -> str:
 
 
 def summarize(submission: Submission) -> str:
-    """What the model sees of a grading: status, message, timings, a short log tail on failures."""
-    r = submission.record
-    lines = [f"submission {submission.n} ({submission.kind}): {r.status}"]
-    if r.status == Status.PASSED:
-        lines.append(f"speedup {r.speedup:.3f}x (kernel {r.kernel_ms:.4f} ms, eager reference {r.eager_ms:.4f} ms)"
-                     if r.speedup is not None else f"correct (graded on {r.device}: not timed)")
-    if r.message:
-        lines.append(f"message: {r.message}")
-    if r.status == Status.INFRA_ERROR:
-        lines.append("the grader failed before your kernel ran: this submission is not counted against your budget")
-    elif r.status != Status.PASSED and r.log_tail.strip():
-        lines.append(f"log tail:\n{r.log_tail.strip()[-1500:]}")
-    return "\n".join(lines)
+    """What the model sees of a grading: which submission, then the report (mkb.agent.feedback)."""
+    head = f"submission {submission.n} ({submission.kind}), graded in {submission.record.wall_s:.0f} s"
+    return feedback.report(submission.record, head)

@@ -207,8 +207,10 @@ class Transcripts:
         self._attempts: dict[tuple[str, str], list[dict]] = {}
         for row in store.rows(f"SELECT * FROM attempts {where} ORDER BY started_at, attempt_id", list(models)):
             self._attempts.setdefault((row["model"], row["trial_id"]), []).append(row)
+        current = f"AND attempt_id IN (SELECT attempt_id FROM trials {where})"  # a trial's skill: its current attempt's
         self._skills = {(r["model"], r["trial_id"]): {"text": r["text"], "sha256": r["sha256"]}
-                        for r in store.rows(f"SELECT model, trial_id, text, sha256 FROM skills {where}", list(models))}
+                        for r in store.rows(f"SELECT model, trial_id, text, sha256 FROM skills {where} {current}",
+                                            [*models, *models])}
         self.problem_names = {r["problem_id"]: r["name"] for r in store.rows("SELECT problem_id, name FROM problems")}
         """Each problem's name (e.g. fused_add_rmsnorm_h4096_llama31_8b) by id."""
 

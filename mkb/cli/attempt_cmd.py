@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import command_line, console, emit, output_options, run_options, settings_from
+from mkb.cli import (command_line, console, db_option, emit, exit_on_infra_errors, infra_failed, output_options,
+                     protocol_options, require_writable_home, run_options, settings_from)
 from mkb.errors import MkbError
 from mkb.records import DSLS, Arm, Dsl
 
@@ -43,9 +44,10 @@ def _skill_text(skill: str | None) -> str | None:
 @click.option("--skill", type=click.Path(exists=True, dir_okay=False), help="A SKILL.md to transfer (runs the skill arm).")
 @click.option("--base-url", help="OpenAI-compatible endpoint; overrides the provider's (env MKB_BASE_URL).")
 @click.option("--api-key-env", help="Variable holding the API key (default: the provider's, e.g. OPENROUTER_API_KEY).")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: <home>/mkb.duckdb).")
+@db_option
 @run_options
-@click.option("--budget-min", type=float, default=40.0, show_default=True, help="Agent wall clock in minutes.")
+@protocol_options
+@click.option("--budget-min", type=float, default=40.0, show_default=True, help="Wall clock in minutes (see --clock).")
 @click.option("--submissions", type=int, default=10, show_default=True, help="Feedback submissions allowed.")
 @click.option("--max-turns", type=int, help="Cap on model replies.")
 @click.option("--max-tokens", type=int, help="Cap on prompt + completion tokens over the attempt.")
@@ -56,12 +58,13 @@ def _skill_text(skill: str | None) -> str | None:
 @click.option("--extra-body", help="JSON object of provider-specific request fields.")
 @output_options
 @click.pass_context
-def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, device, sandbox, image, budget_min,
-            submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens, reasoning_effort, extra_body,
-            json_=False, csv_=False):
+def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, device, sandbox, image, clock, context_full,
+            manual_examples, budget_min, submissions, max_turns, max_tokens, temperature, top_p, max_output_tokens,
+            reasoning_effort, extra_body, json_=False, csv_=False):
     """Run one attempt at a problem variant with a model, and store it (trial p<NN>_r1_<arm>).
 
-    It runs exactly as the trial would in `mkb run-model`, and records the same rows.
+    It runs exactly as the trial would in `mkb run-model`, and records the same rows. Exits 3 when the
+    trial ends in infra_error (provider or judge failed; not charged): run it again to retry.
 
     Example:
 
@@ -77,7 +80,8 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     from mkb.records import TrialSpec
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db, base_url=base_url, device=device, sandbox=sandbox, image=image)
+    settings = settings_from(ctx, base_url=base_url, device=device, sandbox=sandbox, image=image, clock=clock,
+                             context_full=context_full, manual_examples=manual_examples)
     from mkb.judge import prepare_host  # a dead run's judge leftovers go; SIGTERM cleans up
 
     prepare_host()
@@ -95,6 +99,7 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
     protocol.model_config(request.model, request.base_url, request.api_key_env, sampling)  # fails before any file
     skill_text = _skill_text(skill)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
+    require_writable_home(settings, "an attempt keeps its workspace there")
     spec = TrialSpec(problem=info, replicate=1, arm=arm_for(Dsl(dsl), skill_text is not None))
     with Store(settings.db_path) as store:
         console.print(f"{spec.trial_id} with {model_spec}: sandbox {settings.sandbox}, judge on {settings.device}, "
@@ -103,15 +108,16 @@ def attempt(ctx, problem, dsl, model_spec, skill, base_url, api_key_env, db, dev
                          given_skills={spec.trial_id: skill_text} if skill_text is not None else None)
         trial = store.trial(model_spec, spec.trial_id)
         emit([_summary(trial, store.find_attempt(trial.attempt_id))], json_, csv_, title="attempt")
+    exit_on_infra_errors(infra_failed(trial), "trial")
 
 
 @click.command(name="replay")
 @click.argument("trial_or_attempt")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: <home>/mkb.duckdb).")
+@db_option
 @run_options
 @output_options
 @click.pass_context
-def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=False):
+def replay(ctx, trial_or_attempt, device, sandbox, image, json_=False, csv_=False):
     """Re-run a recorded attempt's tool calls in a fresh workspace, without a model, and re-grade.
 
     The replay is stored as a new attempt of the same trial; the table compares each grading.
@@ -125,8 +131,9 @@ def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=
     from mkb.protocol.replay import replay as replay_attempt
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db, device=device, sandbox=sandbox, image=image)
+    settings = settings_from(ctx, device=device, sandbox=sandbox, image=image)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)
+    require_writable_home(settings, "a replay keeps its workspace there")
     with Store(settings.db_path) as store:
         original, replayed = replay_attempt(store, settings, trial_or_attempt, command=command_line(ctx))
         before = {s.n: s for s in store.submissions(original.attempt_id)}
@@ -138,6 +145,7 @@ def replay(ctx, trial_or_attempt, db, device, sandbox, image, json_=False, csv_=
     console.print(f"replay of {original.attempt_id} stored as attempt {replayed.attempt_id}")
     emit(rows, json_, csv_, title=f"replay of {original.trial_id}",
          columns=["n", "kind", "recorded_status", "recorded_speedup", "replay_status", "replay_speedup", "same_kernel"])
+    exit_on_infra_errors(infra_failed(replayed), "replay")
 
 
 def register(main: click.Group) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import emit, output_options, settings_from
+from mkb.cli import comma_separated, emit, output_options, settings_from
 from mkb.errors import MkbError
 from mkb.records import DSLS
 
@@ -30,8 +30,8 @@ def bench():
 @click.argument("kernel", type=click.Path(dir_okay=False), default=str(DEFAULT_KERNEL))
 @click.option("--dsl", type=click.Choice([str(d) for d in DSLS]), default="cutedsl", show_default=True)
 @click.option("--repeats", type=int, default=5, show_default=True, help="Gradings per timing mode.")
-@click.option("--mode", "modes", type=click.Choice(["paper", "flushed"]), multiple=True,
-              help="Timing mode(s) to benchmark (repeatable; default both).")
+@click.option("--mode", "modes", multiple=True, callback=comma_separated(["paper", "flushed"]),
+              help="Timing mode(s) to benchmark: paper, flushed (repeated or comma-separated; default both).")
 @output_options
 @click.pass_context
 def bench_judge(ctx, problem_id, kernel, dsl, repeats, modes=(), json_=False, csv_=False):

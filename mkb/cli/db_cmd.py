@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import console, db_option, emit, output_options, settings_from
 
 
 @click.group(name="db")
+@db_option
 def db():
     """The DuckDB results file (default results/mkb.duckdb; --db or MKB_DB to change).
 
@@ -20,6 +21,7 @@ def db():
 
 
 @db.command(name="init")
+@db_option
 @click.pass_context
 def db_init(ctx):
     """Create (or migrate) the database and fill the problems table from the catalog.
@@ -27,7 +29,7 @@ def db_init(ctx):
     Example:
 
     \b
-        mkb --db /tmp/x.duckdb db init
+        mkb db init --db /tmp/x.duckdb
     """
     from mkb.problems import catalog_for
     from mkb.store import Store
@@ -41,6 +43,7 @@ def db_init(ctx):
 
 
 @db.command(name="path")
+@db_option
 @click.pass_context
 def db_path(ctx):
     """Print the path of the results database in use.
@@ -55,6 +58,7 @@ def db_path(ctx):
 
 @db.command(name="query")
 @click.argument("sql")
+@db_option
 @output_options
 @click.pass_context
 def db_query(ctx, sql, json_=False, csv_=False):
@@ -74,6 +78,7 @@ def db_query(ctx, sql, json_=False, csv_=False):
 
 
 @click.command(name="settings")
+@db_option
 @output_options
 @click.pass_context
 def settings_cmd(ctx, json_=False, csv_=False):

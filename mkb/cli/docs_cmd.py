@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import comma_separated, console, emit, output_options, settings_from
 from mkb.records import DSLS
 
 
@@ -26,8 +26,8 @@ def docs():
 @docs.command(name="build")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="Write DIR/<dsl>/ instead of problems/docs/<dsl>/api/.")
-@click.option("--dsl", "dsls", type=click.Choice([str(d) for d in DSLS]), multiple=True,
-              help="Only this DSL (repeatable; default both).")
+@click.option("--dsl", "dsls", multiple=True, callback=comma_separated([str(d) for d in DSLS]),
+              help=f"Only these DSLs: {', '.join(str(d) for d in DSLS)} (repeated or comma-separated; default both).")
 @output_options
 @click.pass_context
 def docs_build(ctx, out, dsls=(), json_=False, csv_=False):

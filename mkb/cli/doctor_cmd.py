@@ -6,11 +6,12 @@ import sys
 
 import click
 
-from mkb.cli import emit, output_options, settings_from
+from mkb.cli import db_option, emit, output_options, settings_from
 
 
 @click.command(name="doctor")
 @click.option("--base-url", help="Also check this OpenAI-compatible endpoint (default MKB_BASE_URL).")
+@db_option
 @output_options
 @click.pass_context
 def doctor_cmd(ctx, base_url, json_=False, csv_=False):

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from mkb import problems as catalog_mod
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import comma_separated, console, db_option, emit, output_options, settings_from
 from mkb.records import DSLS, FAMILIES
 
 
@@ -41,7 +41,8 @@ def problems(ctx):
 
 
 @problems.command(name="list")
-@click.option("--family", type=click.Choice(FAMILIES), multiple=True, help="Only these families.")
+@click.option("--family", multiple=True, callback=comma_separated(list(FAMILIES)),
+              help=f"Only these families (repeated or comma-separated): {', '.join(FAMILIES)}.")
 @output_options
 @click.pass_context
 def problems_list(ctx, family=(), json_=False, csv_=False):
@@ -122,8 +123,10 @@ def problems_show(ctx, problem_id, json_=False, csv_=False):
 @click.argument("ids", nargs=-1)
 @click.option("--scale", type=click.Choice(["smoke", "full"]), default="smoke", show_default=True)
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--family", type=click.Choice(FAMILIES), multiple=True, help="Only these families.")
+@click.option("--family", multiple=True, callback=comma_separated(list(FAMILIES)),
+              help=f"Only these families (repeated or comma-separated): {', '.join(FAMILIES)}.")
 @click.option("--record", is_flag=True, help="Store the reports in the results database.")
+@db_option
 @output_options
 @click.pass_context
 def problems_check(ctx, ids, scale, device, family, record, json_=False, csv_=False):

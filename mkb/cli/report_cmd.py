@@ -7,16 +7,11 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, emit, output_options, settings_from
+from mkb.cli import comma_separated, console, db_option, emit, output_options, require_writable, settings_from
 from mkb.errors import MkbError
 
 CLAIMS = Path(__file__).resolve().parents[2] / "artifact" / "claims.json"
 COMPARE_COLUMNS = ["claim", "claimed", "reproduced", "basis", "verdict"]
-
-
-def _models(values: tuple[str, ...]) -> list[str] | None:
-    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
-    return names or None
 
 
 def _load(store, models: list[str] | None):
@@ -35,9 +30,10 @@ def _load(store, models: list[str] | None):
 
 
 @click.command(name="report")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Output directory (default <home>/report).")
-@click.option("--models", multiple=True, help="Models to include, comma-separated or repeated (default: all).")
+@click.option("--models", multiple=True, callback=comma_separated(),
+              help="Models to include, comma-separated or repeated (default: all).")
 @click.option("--compare-claims", is_flag=True, help="Also compare with the paper's claims and print the comparison.")
 @click.option("--claims", "claims_path", type=click.Path(dir_okay=False), help="Claims file (default artifact/claims.json).")
 @click.option("--no-figures", is_flag=True, help="Tables only (faster).")
@@ -46,7 +42,7 @@ def _load(store, models: list[str] | None):
                    "per cell with both transcripts, the skill and the kernel diff, and per-trial JSON.")
 @output_options
 @click.pass_context
-def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, html, json_=False, csv_=False):
+def report(ctx, out_dir, models, compare_claims, claims_path, no_figures, html, json_=False, csv_=False):
     """Write every table (Markdown, CSV, LaTeX) and figure (PNG, PDF) plus index.md from the database.
 
     Prints the index path (or, with --compare-claims, the claimed-vs-reproduced rows) on stdout.
@@ -62,9 +58,9 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
     from mkb.analysis.report import write_report
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
-        results = _load(store, _models(models))
+        results = _load(store, list(models) or None)
     claims = None
     if compare_claims:
         path = Path(claims_path) if claims_path else CLAIMS
@@ -72,6 +68,7 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
             raise MkbError(f"claims file {path} not found. Pass one with --claims (see artifact/claims.json).")
         claims = load_claims(path)
     out = Path(out_dir) if out_dir else settings.home / "report"
+    require_writable(out, "the report is written there", "Pass --out with a writable directory.")
     written = write_report(results, out, claims, with_figures=not no_figures,
                            site_db=settings.db_path if html else None)
     console.print(f"{len(written.tables)} table files and {len(written.figures)} figure files in {out}; "
@@ -92,9 +89,9 @@ def report(ctx, db, out_dir, models, compare_claims, claims_path, no_figures, ht
 @click.command(name="export")
 @click.option("--parquet", "parquet_dir", required=True, type=click.Path(file_okay=False),
               help="Directory for one <name>.parquet per table and view, plus cell_scores and params.json.")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the global --db / MKB_DB).")
+@db_option
 @click.pass_context
-def export(ctx, parquet_dir, db):
+def export(ctx, parquet_dir):
     """Export every table, every analysis view and the scored cells as Parquet files.
 
     Schema and example queries: docs/results-schema.md.
@@ -108,7 +105,7 @@ def export(ctx, parquet_dir, db):
     from mkb.analysis.export import export_parquet
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
         written = export_parquet(store, Path(parquet_dir))
     console.print(f"{len(written)} files in {parquet_dir}")

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from mkb.cli import console, emit, settings_from
+from mkb.cli import console, db_option, emit, require_writable_home, settings_from
 
 
 @click.command(name="reproduce")
@@ -14,6 +14,7 @@ from mkb.cli import console, emit, settings_from
 @click.option("--base-url", help="Endpoint for a plain model name (env MKB_BASE_URL).")
 @click.option("--problems", help="Only these problems in the protocol run (ids or globs, "
               "comma-separated, e.g. 'p28,p25'); finished trials in the database are reused. QA covers all.")
+@db_option
 @click.pass_context
 def reproduce_cmd(ctx, model, base_url, problems):
     """Run every reproduction step this machine can, record it in the database, print a summary.
@@ -31,6 +32,7 @@ def reproduce_cmd(ctx, model, base_url, problems):
     from mkb.reproduce import reproduce
 
     settings = settings_from(ctx, base_url=base_url)
+    require_writable_home(settings, "reproduce keeps workspaces and reports there")
     result = reproduce(settings, model=model, problems=[p for p in (problems or "").split(",") if p] or None)
     console.print(f"GPU: {result.gpu or 'none visible (CPU-only steps)'}")
     emit([{"step": s.name, "result": "skipped" if s.skipped else "ok" if s.ok else "FAILED", "summary": s.summary}

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.syntax import Syntax
 from rich.table import Table
 
-from mkb.cli import console, settings_from
+from mkb.cli import console, db_option, settings_from
 
 _ROLE_STYLE = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
 
@@ -58,11 +58,11 @@ def _header(attempt, trial) -> Table:
 
 @click.command(name="show")
 @click.argument("trial_or_attempt")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: <home>/mkb.duckdb).")
+@db_option
 @click.option("--full", is_flag=True, help="Print every line (long outputs are clipped otherwise).")
 @click.option("--json", "json_", is_flag=True, help="Print the attempt and its messages as JSON on stdout.")
 @click.pass_context
-def show(ctx, trial_or_attempt, db, full, json_):
+def show(ctx, trial_or_attempt, full, json_):
     """Print an attempt's transcript: messages, tool calls, tool results, gradings.
 
     TRIAL_OR_ATTEMPT is a trial id (its current attempt) or an attempt id (a prefix will do).
@@ -75,7 +75,7 @@ def show(ctx, trial_or_attempt, db, full, json_):
     """
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
         attempt = store.find_attempt(trial_or_attempt)
         messages = store.messages(attempt.attempt_id)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, dsl_policy_option, settings_from
-from mkb.records import DSLS
+from mkb.cli import console, db_option, dsl_policy_option, exit_on_infra_errors, settings_from
+from mkb.records import DSLS, Status
 
 
 @click.command(name="verify")
@@ -25,11 +25,13 @@ from mkb.records import DSLS
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Hard limit in seconds (default: the setting).")
 @click.option("--scale", type=click.Choice(["full", "smoke"]), default="full", show_default=True,
               help="Problem size: smoke is the tiny CPU-test workload.")
-@click.option("--db", type=click.Path(dir_okay=False), default=None, help="Store the record in this results database.")
+@db_option
 @dsl_policy_option
 @click.pass_context
-def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, db):
-    """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 1 otherwise.
+def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale):
+    """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 3 on infra_error, else 1.
+
+    With --db (or MKB_DB) the judge record is also stored in that database.
 
     Example:
 
@@ -42,7 +44,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
     from mkb.judge import grade, prepare_host
     from mkb.problems import catalog_for, resolve
 
-    settings = settings_from(ctx, db=db, judge_spares=0, device=device)  # one grading: nothing to start ahead
+    settings = settings_from(ctx, judge_spares=0, device=device)  # one grading: nothing to start ahead
     prepare_host()
     problem = resolve(problem_id, catalog_for(settings.problems_dir))
     record = grade(problem, kernel, dsl, device=resolve_device(settings).kind, timing=timing, timeout_s=timeout_s,
@@ -58,6 +60,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
         click.echo(json.dumps(record.model_dump(mode="json"), allow_nan=False))
     else:
         _show(record)
+    exit_on_infra_errors(record.status == Status.INFRA_ERROR, "grading")
     sys.exit(0 if record.passed else 1)
 
 

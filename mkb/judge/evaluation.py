@@ -96,7 +96,13 @@ class Evaluation:
             if self.children["referee"].popen.poll() is not None and "referee" not in pending:
                 return None
             if any(c.popen.poll() is not None for c in self.children.values()):
-                return "startup_died"
+                # A fast grading can end before its readiness bytes were read (on a loaded host the candidate
+                # exited 0 after the referee had said ready and finished): read what is left, then decide.
+                for _ in range(16):
+                    self._read_signals(0.0)
+                said = self.launch.signals
+                if any(c.popen.poll() is not None and not said[n].startswith(b"ready") for n, c in self.children.items()):
+                    return "startup_died"
         return "startup_timeout"
 
     def _wait_verdict(self, timeout_s: float, now) -> str:

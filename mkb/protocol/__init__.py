@@ -24,7 +24,7 @@ from mkb.protocol.pool import JudgePool
 from mkb.protocol.runner import Progress, ProtocolRun
 from mkb.records import DSLS, Arm, State, TrialSpec
 from mkb.settings import Settings
-from mkb.store import Skill, Store
+from mkb.store import Store
 from mkb.trial import Recorder, fingerprint_parts, start_run
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def make_plan(settings: Settings, store: Store, request: RunRequest) -> list[Pla
     if not specs:
         raise MkbError("the selection holds no trials. Check --problems, --families, --arms and --trials.")
     stored = {t.trial_id: t for t in store.trials(request.model)}
-    skills = {s.trial_id: s.sha256 for s in store.select(Skill, "model = ?", [request.model])}
+    skills = {s.trial_id: s.sha256 for s in store.current_skills(request.model)}
     current = {s.trial_id: fingerprint_parts(settings, s, request.budget, skills.get(s.source_trial_id))
                for s in specs}
     return plan(specs, stored, current)
@@ -113,7 +113,8 @@ def execute(settings: Settings, store: Store, request: RunRequest, items: list[P
                              given_skills=given_skills)
     check_sandbox(settings.sandbox, allow_unsafe=settings.unsafe_sandbox, image=settings.image)  # once, before any trial
     device = resolve_device(settings)
-    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
+    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling,
+                          retry_s=settings.model_retry_s)
     run_id = start_run(store, request.model, config=config, budget=request.budget, settings=settings, device=device,
                        command=request.command)
     pool = JudgePool(grade or judge_grader(settings, device), request.slots or device.slots)

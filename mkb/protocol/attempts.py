@@ -8,7 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mkb.agent.budget import Budget
+from mkb.agent.conditions import Conditions
 from mkb.agent.executor import Executor, LocalExecutor
+from mkb.agent.limits import SandboxLimits
 from mkb.agent.loop import run_attempt
 from mkb.agent.model import Model, ModelConfig, ScriptedModel, parse_model_spec, tool_call
 from mkb.agent.prompts import Gpu
@@ -55,15 +57,18 @@ def oracle_model(problem: ProblemInfo, dsl: Dsl, solutions_dir: Path) -> Scripte
         {"content": None, "tool_calls": [tool_call("submit", {})]},
         {"content": None, "tool_calls": [tool_call("write_file", {"path": "SKILL.md", "content": skill})]},
         {"content": None, "tool_calls": [tool_call("finish", {"summary": "submitted the shipped solution"})]},
+        {"content": "Confirmed.", "tool_calls": [tool_call("finish", {})]},
     ])
 
 
 def model_config(model: str, base_url: str | None, api_key_env: str | None,
-                 sampling: dict | None) -> ModelConfig | None:
-    """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs."""
+                 sampling: dict | None, retry_s: float | None = None) -> ModelConfig | None:
+    """The model's configuration (None for the oracle); a missing key fails here, in one line, before anything runs.
+
+    retry_s is the model_retry_s setting (None: ModelConfig's default)."""
     if model == ORACLE:
         return None
-    config = parse_model_spec(model, base_url, api_key_env, **(sampling or {}))
+    config = parse_model_spec(model, base_url, api_key_env, **(sampling or {}), retry_s=retry_s)
     config.api_key()
     return config
 
@@ -82,13 +87,19 @@ def gpu_named(device: Device) -> Gpu:
     return Gpu(name=device.name, arch=device.arch)
 
 
+def sandbox_limits(settings: Settings) -> SandboxLimits:
+    """An attempt's resources: the CPUs and memory the instruction states (the paper's 2 CPUs, 8 GB by default)."""
+    return SandboxLimits(memory_mb=settings.sandbox_memory_mb, cpus=settings.sandbox_cpus)
+
+
 def make_executor(settings: Settings, workspace: Path) -> Executor:
     """The sandbox of one attempt (settings.sandbox); it hides MKB_HOME, the problem set and the solutions."""
     if settings.sandbox == "docker":
         from mkb.agent.docker_executor import DockerExecutor
 
-        return DockerExecutor(workspace, settings.image)
+        return DockerExecutor(workspace, settings.image, limits=sandbox_limits(settings))
     return LocalExecutor(workspace, isolate=settings.sandbox == "local", allow_unsafe=settings.unsafe_sandbox,
+                         limits=sandbox_limits(settings),
                          hide=(settings.home, settings.problems_dir, settings.solutions_path))
 
 
@@ -96,18 +107,20 @@ def make_attempt(sink: Sink, model_name: str, model_for: Callable[[TrialSpec], M
                  grade_for: Callable[[TrialSpec], Callable], settings: Settings, gpu: Gpu) -> AttemptFn:
     """Wire one attempt: a fresh workspace, the agent loop, transcript and submissions into the sink."""
 
+    conditions = Conditions.of(settings)
+
     def attempt(spec: TrialSpec, ctx: AttemptContext) -> Outcome:
         workdir = prepare_workspace(spec.problem, spec.arm.dsl, settings.home / "workspaces" / slug(model_name)
-                                    / spec.trial_id / ctx.attempt_id, settings.problems_dir, settings.dsl_policy)
+                                    / spec.trial_id / ctx.attempt_id, settings.problems_dir, conditions)
         executor = make_executor(settings, workdir)
         transcript = Transcript(sink, ctx.attempt_id)
         try:
             result = run_attempt(spec.problem, spec.arm.dsl, model_for(spec), executor, budget,
                                  grade=grade_for(spec), on_message=transcript.message,
                                  on_submission=transcript.submission, skill_text=ctx.skill_text, gpu=gpu,
-                                 problems_dir=settings.problems_dir, dsl_policy=settings.dsl_policy, cancel=ctx.cancel)
+                                 problems_dir=settings.problems_dir, conditions=conditions, cancel=ctx.cancel)
         finally:
             executor.close()
-        return Outcome.of(result)
+        return Outcome.of(result, conditions)
 
     return attempt

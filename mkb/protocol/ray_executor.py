@@ -190,7 +190,8 @@ def run_model_ray(settings: Settings, store: Store, request: RunRequest, items: 
     n_gpus = int(ray.cluster_resources().get("GPU", 0))
     kind = device_kind(settings.device, n_gpus, "in the Ray cluster (start GPU workers with "
                                                 "'ray start --address HEAD:6379 --num-gpus N')")
-    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling)
+    config = model_config(request.model, request.base_url, request.api_key_env, request.sampling,
+                          retry_s=settings.model_retry_s)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     n_judges = options.n_judges or (n_gpus if kind == "cuda" else 1)
     grade = grade or judge_grader(settings, Device(kind=kind, arch=settings.arch))  # the worker pins its GPU

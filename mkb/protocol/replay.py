@@ -22,7 +22,7 @@ from mkb.protocol.pool import JudgePool
 from mkb.protocol.runner import AttemptContext
 from mkb.records import State, TrialSpec
 from mkb.settings import Settings
-from mkb.store import Attempt, Store
+from mkb.store import Attempt, Skill, Store
 from mkb.trial import Outcome, Recorder, fingerprint_parts, start_run
 
 
@@ -30,6 +30,13 @@ def recorded_replies(store: Store, attempt_id: str) -> list[dict[str, Any]]:
     """The assistant messages of a stored attempt, in wire format."""
     return [{"role": "assistant", "content": m.content, "tool_calls": m.tool_calls or []}
             for m in store.messages(attempt_id) if m.role == "assistant"]
+
+
+def _given_skill(store: Store, model: str, trial) -> Skill | None:
+    """The skill the trial was given (its recorded sha256), else its source's current one."""
+    given = store.select(Skill, "model = ? AND trial_id = ? AND sha256 = ?",
+                         [model, trial.source_trial_id, trial.skill_sha256]) if trial.skill_sha256 else []
+    return given[0] if given else store.skill(model, trial.source_trial_id)
 
 
 def replay(store: Store, settings: Settings, key: str, *, command: str = "replay",
@@ -48,7 +55,7 @@ def replay(store: Store, settings: Settings, key: str, *, command: str = "replay
         raise MkbError(f"attempt {original.attempt_id} has no trial row; cannot tell its problem and DSL.")
     spec = TrialSpec(problem=resolve(trial.problem_id, catalog_for(settings.problems_dir)),
                      replicate=trial.replicate, arm=trial.arm)
-    skill = store.skill(original.model, trial.source_trial_id) if trial.source_trial_id else None
+    skill = _given_skill(store, original.model, trial) if trial.source_trial_id else None
     budget = Budget(**{**(original.budget or {}), "wall_s": None})  # the clock of a replay means nothing
     device = resolve_device(settings)
     run_id = start_run(store, original.model, config=None, budget=budget, settings=settings, device=device,

@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 NO_SKILL = "the source solo left no SKILL.md"
 
 
+def usable_source(state: State | None, status: Status | None) -> bool:
+    """A source solo whose skill may be transferred: it finished and its final grading was not lost to the
+    infrastructure (otherwise it reruns, and so does its skill trial, from the rerun's skill)."""
+    return state == State.FINISHED and status != Status.INFRA_ERROR
+
+
 @dataclass
 class AttemptContext:
     """What one attempt gets from the protocol besides its trial spec."""
@@ -74,7 +80,8 @@ class ProtocolRun:
         self.progress = Progress(total=0)
 
     def run(self, items: list[PlanItem]) -> Progress:
-        """Run every item whose action is run/rerun; skill trials start when their source solo ends finished."""
+        """Run every item whose action is run/rerun; a skill trial starts once its source solo finished (a source
+        that did not finish holds it, unrecorded, for the next run)."""
         todo = [i.spec for i in items if i.action in (Action.RUN, Action.RERUN)]
         self.progress = Progress(total=len(todo))
         waiting = {s.trial_id: s for s in todo if s.source_trial_id in {t.trial_id for t in todo}}
@@ -86,25 +93,27 @@ class ProtocolRun:
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for fut in done:
-                        spec, state = running.pop(fut), fut.result()
+                        spec, ended = running.pop(fut), fut.result()
                         for child in [w for w in waiting.values() if w.source_trial_id == spec.trial_id]:
                             del waiting[child.trial_id]
-                            if state == State.FINISHED and not self.cancel.is_set():
+                            if ended is not None and usable_source(*ended) and not self.cancel.is_set():
                                 running[pool.submit(self._run_trial, child)] = child
-                            elif state is not None:
-                                self._hold(child, spec.trial_id, state)
+                            elif ended is not None:
+                                self._hold(child, spec.trial_id, ended)
             except BaseException:
                 self.cancel.set()
                 raise
         return self.progress
 
-    def _hold(self, child: TrialSpec, source: str, state: State) -> None:
-        """A skill trial whose source did not finish waits for the next run (its stored skill may be stale)."""
-        log.warning("%s not run: its source %s ended %s; the next run reruns both", child.trial_id, source, state)
+    def _hold(self, child: TrialSpec, source: str, ended: tuple[State, Status | None]) -> None:
+        """A skill trial whose source did not finish is neither run nor recorded: the next run reruns both."""
+        how = ended[0] if ended[1] != Status.INFRA_ERROR else "with an infra_error grading"
+        log.warning("%s not run: its source %s ended %s; the next run reruns both", child.trial_id, source, how)
         self.progress.total -= 1
 
     def _skill(self, spec: TrialSpec) -> tuple[str | None, str | None]:
-        """The skill text this trial gets and the trial it came from (None when given from outside)."""
+        """The skill text this trial gets and the trial it came from (None when given from outside): the
+        SKILL.md of the source's current attempt, never an earlier attempt's."""
         if spec.trial_id in self.given_skills:
             return self.given_skills[spec.trial_id], None
         if not spec.arm.is_skill:
@@ -112,14 +121,25 @@ class ProtocolRun:
         stored = self.store.skill(self.recorder.model, spec.source_trial_id)
         return (stored.text if stored else None), spec.source_trial_id
 
-    def _run_trial(self, spec: TrialSpec) -> State | None:
+    def _source_finished(self, spec: TrialSpec) -> bool:
+        if not spec.arm.is_skill or spec.trial_id in self.given_skills:
+            return True
+        source = self.store.trial(self.recorder.model, spec.source_trial_id)
+        return source is not None and usable_source(source.state, source.status)
+
+    def _run_trial(self, spec: TrialSpec) -> tuple[State, Status | None] | None:
         if self.cancel.is_set():
+            return None
+        if not self._source_finished(spec):
+            log.warning("%s not run: its source %s has not finished; run it first", spec.trial_id,
+                        spec.source_trial_id)
+            self.progress.total -= 1
             return None
         text, source = self._skill(spec)
         parts = self.parts(spec, hashlib.sha256(text.encode()).hexdigest() if text is not None else None)
         if spec.arm.is_skill and not (text or "").strip():
             self.recorder.skip(spec, parts, source, NO_SKILL)
-            return self._ended(spec, Outcome(state=State.SKIPPED, message=NO_SKILL))
+            return self._ended(spec, Outcome(state=State.SKIPPED, message=NO_SKILL)), None
         recording = self.recorder.begin(spec, parts, source)
         self.progress.running[spec.trial_id] = time.monotonic()
         self.on_event("start", spec, self.progress)
@@ -134,7 +154,7 @@ class ProtocolRun:
                 outcome = outcome.model_copy(update={"state": State.INTERRUPTED})
             self.recorder.end(recording, outcome)
             self._ended(spec, outcome)
-        return outcome.state
+        return outcome.state, outcome.status
 
     def _ended(self, spec: TrialSpec, outcome: Outcome) -> State:
         self.progress.running.pop(spec.trial_id, None)

@@ -16,7 +16,7 @@ import duckdb
 
 from mkb.errors import MkbError, StoreError
 from mkb.records import Arm, State, Status
-from mkb.store import migrations
+from mkb.store import access, migrations, owner
 from mkb.store.rows import Attempt, Message, Row, Skill, StoredSubmission, Trial
 
 VIEWS_SQL = Path(__file__).with_name("views.sql")
@@ -55,27 +55,25 @@ class Store:
         self._lock = threading.RLock()
         if read_only and not self.path.exists():
             raise StoreError(f"no results database at {self.path}. Run 'mkb db init' or a benchmark command first.")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        access.make_parent(self.path)
         try:
             self.db = duckdb.connect(str(self.path), read_only=read_only)
         except duckdb.Error as exc:
-            raise StoreError(self._explain(exc)) from None
+            raise StoreError(access.explain(self.path, read_only, exc)) from None
         try:
             if read_only and self._pending():
                 self._open_migrated_copy()
             self._migrate()
             self._create_views()
+            if not read_only:
+                with self.transaction() as db:
+                    owner.reap(db)
         except StoreError:
             self.db.close()
             raise
-
-    def _explain(self, exc: Exception) -> str:
-        text = str(exc)
-        if "lock" in text.lower():
-            return (f"{self.path} is in use by another mkb process. Wait for it to finish, "
-                    f"or use another database with --db.")
-        return (f"{self.path} is not a readable mkb database ({text.splitlines()[0][:160]}). "
-                f"Move it aside and run 'mkb db init', or point --db elsewhere.")
+        except duckdb.Error as exc:  # e.g. the write-ahead log cannot be made next to a file in a read-only directory
+            self.db.close()
+            raise StoreError(access.explain(self.path, read_only, exc)) from None
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.db.execute(
@@ -93,7 +91,7 @@ class Store:
         applied = self._applied()
         if not applied:
             raise StoreError(f"{self.path} is empty. Run 'mkb db init' first.")
-        return len(applied) < len(migrations.MIGRATIONS)
+        return bool({migrations.version(m) for m in migrations.MIGRATIONS} - applied)
 
     def _open_migrated_copy(self) -> None:
         """Swap the read-only file for an in-memory copy of it that can be migrated."""
@@ -108,11 +106,12 @@ class Store:
         if "schema_migrations" not in self._tables():
             self.db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, "
                             "applied_at TIMESTAMP)")
-        newest, known = max(done, default=0), len(migrations.MIGRATIONS)
-        if newest > known:
-            raise StoreError(f"{self.path} has schema version {newest}, newer than this mkb's "
-                             f"{known}. Upgrade mkb (git pull; make install) to read it.")
-        for version, step in enumerate(migrations.MIGRATIONS, start=1):
+        unknown = done - {migrations.version(m) for m in migrations.MIGRATIONS}
+        if unknown:
+            raise StoreError(f"{self.path} has schema version {max(unknown)}, newer than this mkb knows (its newest "
+                             f"is {migrations.latest()}). Upgrade mkb (git pull; make install) to read it.")
+        for step in sorted(migrations.MIGRATIONS, key=migrations.version):
+            version = migrations.version(step)
             if version not in done:
                 with self.transaction() as db:
                     step(db)
@@ -228,9 +227,15 @@ class Store:
         return self.select(Trial) if model is None else self.select(Trial, "model = ?", [model])
 
     def skill(self, model: str, trial_id: str) -> Skill | None:
-        """The skill a solo trial's current attempt left, or None."""
-        found = self.select(Skill, "model = ? AND trial_id = ?", [model, trial_id])
+        """The skill a solo trial's current attempt left, or None (an earlier attempt's never counts)."""
+        found = self.current_skills(model, trial_id)
         return found[0] if found else None
+
+    def current_skills(self, model: str, trial_id: str | None = None) -> list[Skill]:
+        """The skills that the current attempts of a model's trials (or of one trial) left."""
+        where = "attempt_id IN (SELECT attempt_id FROM trials WHERE model = ? AND attempt_id IS NOT NULL" + \
+            (" AND trial_id = ?)" if trial_id else ")")
+        return self.select(Skill, f"model = ? AND {where}", [model, model, *([trial_id] if trial_id else [])])
 
     def messages(self, attempt_id: str) -> list[Message]:
         """The transcript of one attempt, in order."""

@@ -1,18 +1,41 @@
 """The results database's schema as numbered migrations: each applied once, in order, and recorded.
 
 A change to the schema is a new function at the end, decorated with @migration and named
-mNNN_what_it_does; the Store applies the ones a file lacks when it opens it (in memory for a read-only
-open). A new column also goes into its record in mkb/store/rows.py.
+mNNN_what_it_does: NNN is its version (so a version never changes when branches that each added
+migrations are merged; gaps are fine). The Store applies the ones a file lacks, in version order, when
+it opens it (in memory for a read-only open). A new column also goes into its record in mkb/store/rows.py.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import duckdb
 
-MIGRATIONS: list[Callable[[duckdb.DuckDBPyConnection], None]] = []
-migration = MIGRATIONS.append
+Migration = Callable[[duckdb.DuckDBPyConnection], None]
+MIGRATIONS: list[Migration] = []
+
+
+def version(step: Migration) -> int:
+    """The version a migration's name carries (m010_run_owner -> 10)."""
+    found = re.fullmatch(r"m(\d{3})_\w+", step.__name__)
+    if found is None:
+        raise ValueError(f"migration {step.__name__} must be named mNNN_what_it_does")
+    return int(found.group(1))
+
+
+def migration(step: Migration) -> Migration:
+    """Register a migration (its version from its name; each version once)."""
+    if version(step) in {version(m) for m in MIGRATIONS}:
+        raise ValueError(f"migration version {version(step)} is taken ({step.__name__})")
+    MIGRATIONS.append(step)
+    return step
+
+
+def latest() -> int:
+    """The newest schema version this mkb knows."""
+    return max(version(m) for m in MIGRATIONS)
 
 
 @migration
@@ -95,6 +118,69 @@ def m002_wall_s_is_agent_time(db: duckdb.DuckDBPyConnection) -> None:
                f"WHERE wall_s IS NOT NULL AND queue_s IS NOT NULL AND {by_attempt}")
     db.execute(f"UPDATE trials SET wall_s = NULL, message = concat_ws(' ', message, ?) "
                f"WHERE wall_s IS NOT NULL AND queue_s IS NULL AND {by_attempt}", [WALL_S_UNKNOWN])
+
+
+ENDINGS = ("finish", "time", "turns", "tokens", "context", "cancelled", "provider")
+"""The loop's endings (mkb.agent.loop.ENDINGS), as a trial's message starts with them ('time: ...')."""
+
+
+@migration
+def m003_protocol_records(db: duckdb.DuckDBPyConnection) -> None:
+    """What the paper's protocol records besides the verdict (issue #25).
+
+    trials: how the attempt ended (ending, timed_out), the time it was charged and took in all
+    (charged_s, total_s) and had left (time_left_s), context handoffs, cached prompt tokens, where the
+    cost came from, and the final grading's correct draws; attempts: the conditions it ran under;
+    submissions: correct draws. Older rows get what their stored facts give: the ending from the
+    message the trial ended with, correct draws from the judge record; the rest stays NULL.
+    """
+    db.execute("ALTER TABLE trials ADD COLUMN ending VARCHAR")
+    db.execute("ALTER TABLE trials ADD COLUMN timed_out BOOLEAN")
+    for column, kind in (("charged_s", "DOUBLE"), ("total_s", "DOUBLE"), ("time_left_s", "DOUBLE"),
+                         ("n_handoffs", "INTEGER"), ("cached_tokens", "BIGINT"), ("cost_source", "VARCHAR"),
+                         ("n_correct_draws", "INTEGER")):
+        db.execute(f"ALTER TABLE trials ADD COLUMN {column} {kind}")
+    db.execute("ALTER TABLE attempts ADD COLUMN conditions JSON")
+    db.execute("ALTER TABLE submissions ADD COLUMN n_correct_draws INTEGER")
+    db.execute("UPDATE submissions SET n_correct_draws = "
+               "len(list_filter(CAST(json_extract(record, '$.draws[*].ok') AS BOOLEAN[]), lambda ok: ok)) "
+               "WHERE record IS NOT NULL")
+    db.execute("UPDATE trials SET ending = split_part(message, ':', 1) "
+               "WHERE list_contains(?, split_part(message, ':', 1))", [list(ENDINGS)])
+    db.execute("UPDATE trials SET timed_out = (ending = 'time') WHERE ending IS NOT NULL")
+    db.execute("""UPDATE trials SET n_correct_draws = s.n_correct_draws FROM submissions s
+                  WHERE s.attempt_id = trials.attempt_id AND s.kind = 'final'""")
+
+
+@migration
+def m004_skills_by_attempt(db: duckdb.DuckDBPyConnection) -> None:
+    """A skill belongs to the attempt that wrote it [attempt_id], and records its length.
+
+    Keyed by trial, a rerun solo that wrote no SKILL.md left its previous attempt's skill in place
+    for the skill arm to receive (issue #25). Every attempt's skill is kept now; a trial's skill is
+    the one its current attempt wrote (Store.skill). A row without an attempt id takes its trial's
+    current attempt, else a 'legacy:' id that no attempt has.
+    """
+    db.execute("""
+    CREATE TABLE skills_by_attempt (
+        attempt_id VARCHAR PRIMARY KEY, model VARCHAR NOT NULL, trial_id VARCHAR NOT NULL,
+        text VARCHAR NOT NULL, sha256 VARCHAR NOT NULL, n_chars INTEGER, n_words INTEGER,
+        created_at TIMESTAMP NOT NULL)""")
+    db.execute("""
+    INSERT INTO skills_by_attempt
+    SELECT coalesce(s.attempt_id, t.attempt_id, 'legacy:' || s.model || ':' || s.trial_id), s.model, s.trial_id,
+           s.text, s.sha256, length(s.text), len(regexp_extract_all(s.text, '\\S+')), s.created_at
+    FROM skills s LEFT JOIN trials t ON t.model = s.model AND t.trial_id = s.trial_id""")
+    db.execute("DROP TABLE skills")
+    db.execute("ALTER TABLE skills_by_attempt RENAME TO skills")
+
+
+@migration
+def m010_run_owner(db: duckdb.DuckDBPyConnection) -> None:
+    """runs.owner_pid and runs.owner_start: with runs.host they name the process that runs a run, so that a
+    later mkb can tell a run whose process was killed from one still under way (mkb/store/owner.py)."""
+    db.execute("ALTER TABLE runs ADD COLUMN owner_pid INTEGER")
+    db.execute("ALTER TABLE runs ADD COLUMN owner_start VARCHAR")
 
 
 @migration

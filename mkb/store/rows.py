@@ -62,7 +62,11 @@ class Run(Row):
     git_commit: str | None = None
     """Commit of the mkb checkout ('+dirty' with local changes)."""
     host: str | None = None
-    """Host name of the driver."""
+    """Host name of the driver (the process that runs the run and writes its rows)."""
+    owner_pid: int | None = None
+    """The driver's process id; with host and owner_start it tells a later mkb whether the run is still under way."""
+    owner_start: str | None = None
+    """The driver's start: '<boot id>/<start time in clock ticks>' (Linux), so a reused pid is not taken for it."""
     gpus: list[dict[str, Any]] | None = None
     """The GPUs the judge used."""
     command: str | None = None
@@ -127,16 +131,34 @@ class Trial(Progress, Timings):
     """Agent time: the attempt's wall clock minus the time its gradings waited for a judge (queue_s)."""
     queue_s: float | None = None
     """Seconds the attempt's gradings waited for a judge worker."""
+    charged_s: float | None = None
+    """Seconds the budget clock charged (under the paper clock, all of total_s)."""
+    total_s: float | None = None
+    """The attempt's wall clock, everything included (queue, grading, provider backoff)."""
+    time_left_s: float | None = None
+    """Budget left when the attempt ended (at finish: what finishing early gave up)."""
+    ending: str | None = None
+    """Why the attempt's loop stopped: finish, time, turns, tokens, context, cancelled, provider."""
+    timed_out: bool | None = None
+    """The wall-clock budget ended the attempt (ending 'time'; the original's timed_out)."""
+    n_handoffs: int | None = None
+    """Times a full context was handed over to the model's own summary."""
+    n_correct_draws: int | None = None
+    """Correctness draws of the final grading the kernel got right (of 5)."""
     n_submissions: int | None = None
     """Feedback submissions charged (<= the budget's)."""
     n_turns: int | None = None
     """Model replies."""
     prompt_tokens: int | None = None
     """Tokens sent over the attempt."""
+    cached_tokens: int | None = None
+    """Of prompt_tokens, those the provider served from its prompt cache (where reported)."""
     completion_tokens: int | None = None
     """Tokens received over the attempt."""
     cost_usd: float | None = None
-    """Provider-reported cost, where reported."""
+    """Cost in USD: the provider's where it reports one, else from the price table (cost_source)."""
+    cost_source: str | None = None
+    """Where cost_usd came from: provider, or price-table:<date> (mkb.agent.prices); None when unknown."""
     dsl_share: float | None = None
     """The final grading's share of solve()'s profiled device time done by the declared DSL (details.dsl_share)."""
 
@@ -146,7 +168,7 @@ class Attempt(Progress):
 
     table: ClassVar[str] = "attempts"
     keys: ClassVar[tuple[str, ...]] = ("attempt_id",)
-    json_columns: ClassVar[tuple[str, ...]] = ("budget", "usage")
+    json_columns: ClassVar[tuple[str, ...]] = ("budget", "usage", "conditions")
 
     attempt_id: str
     """Id of the attempt."""
@@ -160,6 +182,8 @@ class Attempt(Progress):
     """The budget (Budget fields)."""
     usage: dict[str, Any] | None = None
     """Turns, tokens, reasoning tokens, tool calls, cost (Usage fields)."""
+    conditions: dict[str, Any] | None = None
+    """Clock, context handling, DSL policy, manuals and sandbox size it ran under (Conditions)."""
 
 
 class Message(Row):
@@ -220,6 +244,8 @@ class StoredSubmission(Row, Timings):
     """The graded kernel.py."""
     queue_s: float | None = None
     """Seconds the grading waited for a judge worker."""
+    n_correct_draws: int | None = None
+    """Correctness draws the kernel got right (of 5)."""
     record: dict[str, Any]
     """The full judge record (JudgeRecord fields)."""
     created_at: datetime
@@ -231,21 +257,25 @@ class StoredSubmission(Row, Timings):
 
 
 class Skill(Row):
-    """The SKILL.md a solo trial's current attempt left [model, trial_id]."""
+    """The SKILL.md one solo attempt left [attempt_id]; a trial's skill is its current attempt's (Store.skill)."""
 
     table: ClassVar[str] = "skills"
-    keys: ClassVar[tuple[str, ...]] = ("model", "trial_id")
+    keys: ClassVar[tuple[str, ...]] = ("attempt_id",)
 
+    attempt_id: str
+    """The attempt that wrote it."""
     model: str
     """Model id."""
     trial_id: str
-    """The solo trial that wrote it."""
-    attempt_id: str | None = None
-    """The attempt that wrote it."""
+    """The solo trial of that attempt."""
     text: str
     """The skill."""
     sha256: str
     """sha256 of text (UTF-8)."""
+    n_chars: int | None = None
+    """Length of text in characters."""
+    n_words: int | None = None
+    """Length of text in words (whitespace-separated)."""
     created_at: datetime
     """UTC."""
 

@@ -37,7 +37,9 @@ SELECT t.model, m.is_oracle, m.label AS model_label, t.trial_id, t.run_id, t.pro
        t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' AS passed,
        CASE WHEN t.state = '{state.FINISHED}' AND t.status = '{status.PASSED}' THEN coalesce(t.speedup, 0) ELSE 0 END AS speedup,
        t.source_trial_id, t.skill_sha256, t.kernel_ms, t.eager_ms, t.wall_s, t.queue_s,
-       t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd, t.dsl_share
+       t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd,
+       t.attempt_id, t.ending, t.timed_out, t.charged_s, t.total_s, t.time_left_s, t.n_handoffs,
+       t.n_correct_draws, t.cached_tokens, t.cost_source, t.dsl_share
 FROM trials t
 JOIN model_labels m USING (model)
 LEFT JOIN problems p USING (problem_id);
@@ -78,7 +80,7 @@ LEFT JOIN trial_outcomes base
 LEFT JOIN trial_outcomes skill
     ON skill.model = k.model AND skill.problem_id = k.problem_id AND skill.replicate = k.replicate
    AND skill.arm = k.skill_arm
-LEFT JOIN skills sk ON sk.model = k.model AND sk.trial_id = src.trial_id;
+LEFT JOIN skills sk ON sk.attempt_id = src.attempt_id;
 
 -- Usage per model and arm over the attempts made (counted, not skipped): tokens, cost, time.
 CREATE OR REPLACE VIEW arm_usage AS

@@ -1,4 +1,5 @@
-"""Record the golden attempt that tests/test_trial.py replays with `mkb replay`: rewrites golden_attempt.json.
+"""Record the golden attempt that tests/test_trial.py replays with `mkb replay`: rewrites golden_attempt.json;
+and render the golden prompts (what an agent is shown first, `mkb show-instruction`) into prompts/.
 
     .venv/bin/python tests/data/regenerate.py
 
@@ -37,7 +38,15 @@ CONVERSATION = [
     reply(None, [call("write_file", {"path": "SKILL.md", "content": SKILL}),
                  call("read_file", {"path": "SKILL.md"})]),
     reply("Done.", [call("finish", {"summary": "a row-wise TIRx kernel"})]),
+    reply("Yes: finish.", [call("finish", {})]),
 ]
+PROMPTS = HERE / "prompts"
+GOLDEN_PROMPTS = {"p28_solo_cutedsl.txt": ("p28", "cutedsl", "solo_cutedsl"),
+                  "p28_cutedsl2tirx_skill.txt": ("p28", "tirx", "cutedsl2tirx_skill")}
+"""The golden prompts: one problem in each DSL, a solo (instruction with the skill rules) and a skill arm
+(instruction and the transfer header with PROMPT_SKILL), under the default (the paper's) conditions."""
+PROMPT_SKILL = ("The row reduction is memory-bound: one pass per row reached 2.1x over eager, two passes 1.3x, "
+                "because the second pass re-reads the row from DRAM.\n")
 
 
 def record(db: Path, home: Path) -> None:
@@ -61,7 +70,23 @@ def scrubbed(text: str, tmp: Path) -> str:
     return re.sub(r"http://127\.0\.0\.1:\d+", "http://127.0.0.1:<port>", text)
 
 
+def golden_prompts() -> dict[str, str]:
+    """The text of each golden prompt file, rendered now with the default settings."""
+    from mkb.cli.show_instruction_cmd import opening_messages, render_text
+    from mkb.records import Arm, Dsl
+    from mkb.settings import Settings
+
+    settings = Settings(problems_dir=HERE.parent.parent / "problems")
+    return {name: render_text(opening_messages(settings, problem, Dsl(dsl), Arm(arm),
+                                               PROMPT_SKILL if Arm(arm).is_skill else None))
+            for name, (problem, dsl, arm) in GOLDEN_PROMPTS.items()}
+
+
 def main_() -> None:
+    PROMPTS.mkdir(exist_ok=True)
+    for name, text in golden_prompts().items():
+        (PROMPTS / name).write_text(text, encoding="utf-8")
+    print(f"wrote {len(GOLDEN_PROMPTS)} golden prompts in {PROMPTS.relative_to(HERE.parent.parent)}")
     with tempfile.TemporaryDirectory(prefix="mkb-golden-") as tmp:
         db = Path(tmp) / "golden.duckdb"
         record(db, Path(tmp) / "home")

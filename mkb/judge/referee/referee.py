@@ -227,18 +227,22 @@ class Referee:
 
     def correctness(self, upcoming: tuple) -> None:
         """Five graded draws on fresh inputs (the first already made, and observed), and where the DSL can run
-        the knock-outs and the repeat, interleaved at random (knockout.py); stops at the first failure."""
+        the knock-outs and the repeat, interleaved at random (knockout.py); stops at the first error, but after
+        a wrong answer runs the remaining graded draws (no knock-out, no repeat) so that the report can say how
+        many of the five were correct (as the original)."""
         self.phase = "correctness"
         self.details["dsl_calls"] = []
         digests: tuple[list, list] = ([], [])
         knocks = self.dsl_applicable()
-        first = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
+        first, wrong = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
         plan = self.stream.plan(0) if knocks else {}
         results: dict = {}
         for kind, which in knockout.schedule(N_DRAWS, knocks):
+            if wrong is not None and kind != "draw":
+                continue
             results.setdefault("order", []).append(f"{kind} {which}")
             if kind == "draw":
-                self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)
+                wrong = wrong or self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
             elif kind == "knockout":
                 self.phase = "knock-out"
                 results[which] = knockout.knocked_out(self, which, plan)
@@ -246,12 +250,15 @@ class Referee:
             else:
                 results["repeat"] = knockout.repeat(self, first, plan)
                 self.details["dsl_calls"].append(self.stream.calls_by_dsl(self.solves - 1))
+        if wrong is not None:
+            raise Failure(Status.INCORRECT, wrong)
         if knocks:
             results["plan"] = {k: v["args"] for k, v in list(plan.items())[:20]}
             self.details["knockout"] = results
 
     def graded(self, d: int, draw: tuple, flag: int, plan: dict, digests: tuple[list, list]) -> tuple:
-        """Graded draw d: solve, read, compare, guard; raises Failure when it fails. What the repeat needs."""
+        """Graded draw d: solve, read, compare, guard; raises Failure when it errs. What the repeat needs and why
+        the answer was wrong (None when it was right)."""
         seed, inputs, ref, anchor, pristine = draw
         with self.step("solve", each="solve_step_s"):
             tree = self.transport.share(inputs, f"d{d}")
@@ -271,12 +278,12 @@ class Referee:
         if (stale := checks.ignores_inputs(*digests)) is not None:
             raise Failure(Status.INCORRECT, stale)
         if not result.ok:
-            raise Failure(Status.INCORRECT, checks.first_failure(result, d))
+            return None, checks.first_failure(result, d)
         with self.step("input guard"):
             self.guard_inputs(reply, after, pristine, d)
         if d == 0:
             self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
-        return out, tree, inputs, pristine, ref, anchor, seed
+        return (out, tree, inputs, pristine, ref, anchor, seed), None
 
     def read_inputs(self, tree: dict, inputs: Any) -> Any:
         """The shared inputs as the candidate left them: themselves when judging on the GPU, else a host copy."""
