@@ -261,7 +261,7 @@ def test_retries_stop_at_the_retry_budget_as_infra_error(run, llm_server, retry_
                                                (0.5, 0.5)])
 def test_a_retry_after_header_is_never_trusted_blindly(run, llm_server, retry_after, wait):
     config = parse_model_spec("openai/gpt-x", llm_server.base_url, retry_s=300)
-    result, _, sleeps, _ = run([error(429, retry_after=retry_after), reply(calls=[call("finish", {})])], config=config)
+    result, _, sleeps, _ = run([error(429, retry_after=retry_after), *FINISH], config=config)
     assert result.state == "finished" and sleeps == [wait]
 
 
