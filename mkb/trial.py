@@ -140,8 +140,7 @@ def start_run(store: Store, model: str, *, config: ModelConfig | None, budget: B
               if config else None, "request": config.request_params() if config else None,
               "budget": budget.model_dump(mode="json"), "sandbox": settings.sandbox,
               "image": settings.image if settings.sandbox == "docker" else None, "device": device.kind,
-              "scale": device.scale, "conditions": Conditions.of(settings).recorded(),
-              "dsl_policy": settings.dsl_policy}
+              "scale": device.scale, "conditions": Conditions.of(settings).recorded()}
     facts, owner = describe(with_gpu=False), current_owner()
     run = Run(run_id=uuid.uuid4().hex, model=model, provider=provider or (config.provider if config else "oracle"),
               base_url=config.base_url if config else None, api_key_env=config.api_key_env if config else None,

@@ -480,7 +480,7 @@ def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_pa
              call("write_file", {"path": "kernel.py/inner.py", "content": "x"}),
              call("bash", {"command": "ln -s loop loop && rm kernel.py && ln -s kernel.py kernel.py && echo made"}),
              call("read_file", {"path": "loop"}), call("write_file", {"path": "loop", "content": "x"})]
-    result, transcript, _, judge = run([reply(calls=calls), reply(calls=[call("finish", {})])])
+    result, transcript, _, judge = run([reply(calls=calls), *FINISH])
     texts = tool_results(transcript)
     assert texts[0].startswith("error: read_file failed: missing.py: No such file or directory")
     assert texts[1].startswith("error: read_file failed: docs/../absent/x.txt: No such file or directory")
@@ -488,5 +488,6 @@ def test_file_tool_errors_name_the_workspace_path_never_the_host_one(run, tmp_pa
     assert texts[4].startswith("error: read_file failed: loop: Too many levels of symbolic links")
     assert texts[5].startswith("error: write_file failed: loop: Too many levels of symbolic links")
     assert all(str(tmp_path) not in t for t in texts), texts
-    # a kernel.py that is a symlink loop is graded as an empty file: the attempt ends normally, charged
-    assert (result.state, judge.sources) == ("finished", [""])
+    # a kernel.py that is a symlink loop is read as an empty file: never sent to the judge, the final grading is an
+    # import_error with the reason (feedback.precheck), and the attempt ends normally, charged
+    assert (result.state, result.status, judge.sources) == ("finished", "import_error", [])
