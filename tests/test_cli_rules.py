@@ -17,7 +17,7 @@ from mkb.store import Store
 
 NO_DATABASE = {("problems",), ("problems", "list"), ("problems", "show"), ("problems", "stats"),
                ("problems", "fidelity"), ("docs",), ("docs", "build"), ("docs", "tables"), ("bench",),
-               ("bench", "judge")}
+               ("bench", "judge"), ("show-instruction",)}
 """Commands that never open the results database (every other one takes --db after its name)."""
 
 

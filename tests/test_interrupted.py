@@ -121,7 +121,7 @@ def test_a_killed_run_is_interrupted_when_the_next_one_opens_the_database(comman
         assert [r["state"] for r in store.rows("SELECT state FROM attempts")] == ["running"]
 
     llm_server.script([reply(calls=[call("write_file", {"path": "kernel.py", "content": KERNEL})]),
-                       reply(calls=[call("finish", {})])])
+                       reply(calls=[call("finish", {})]), reply(calls=[call("finish", {})])])  # finish, confirmed
     second = subprocess.run(_mkb(db, *args), capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr
     assert "marked interrupted" in " ".join(second.stderr.split())

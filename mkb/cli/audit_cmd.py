@@ -6,16 +6,16 @@ import json
 
 import click
 
-from mkb.cli import console, emit, settings_from
+from mkb.cli import console, db_option, emit, settings_from
 
 
 @click.command(name="audit")
-@click.option("--db", type=click.Path(dir_okay=False), help="Results database (default: the db setting).")
+@db_option
 @click.option("--all", "all_", is_flag=True, help="List every final grading, not only those that would now fail "
                                                   "or need a new grading.")
 @click.option("--json", "json_", is_flag=True, help="Print the rows as JSON on stdout.")
 @click.pass_context
-def audit_cmd(ctx, db, all_, json_):
+def audit_cmd(ctx, all_, json_):
     """Re-scan every stored final kernel with the current static rules and re-score its grading under the strict
     DSL policy; list the trials that would now fail (and those that need a new grading to tell).
 
@@ -29,7 +29,7 @@ def audit_cmd(ctx, db, all_, json_):
     from mkb.problems import catalog_for
     from mkb.store import Store
 
-    settings = settings_from(ctx, db=db)
+    settings = settings_from(ctx)
     with Store(settings.db_path, read_only=True) as store:
         rows = audit(store, catalog_for(settings.problems_dir))
     shown = rows if all_ else [r for r in rows if r.verdict != "ok"]

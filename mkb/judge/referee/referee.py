@@ -237,12 +237,16 @@ class Referee:
         first, wrong = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
         plan = self.stream.plan(0) if knocks else {}
         results: dict = {}
+        graded = 1
         for kind, which in knockout.schedule(N_DRAWS, knocks):
             if wrong is not None and kind != "draw":
                 continue
+            if kind == "draw":  # graded draws are numbered in the order they ran
+                which, graded = graded, graded + 1
             results.setdefault("order", []).append(f"{kind} {which}")
             if kind == "draw":
-                wrong = wrong or self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
+                miss = self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
+                wrong = wrong or miss
             elif kind == "knockout":
                 self.phase = "knock-out"
                 results[which] = knockout.knocked_out(self, which, plan)
