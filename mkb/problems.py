@@ -106,7 +106,7 @@ def parse_problem(path: Path) -> ProblemInfo:
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             key = node.targets[0].id
-            if key in {"DTYPE", "SOL", "EXACT", "MARGIN", "TOLERANCE", "MUTATES"}:
+            if key in {"DTYPE", "SOL", "EXACT", "MARGIN", "TOLERANCE", "MUTATES", "DSL_SHARE"}:
                 try:
                     meta[key] = _literal(node.value)
                 except (ValueError, TypeError, SyntaxError):
@@ -123,13 +123,29 @@ def parse_problem(path: Path) -> ProblemInfo:
     if "MARGIN" in meta and "decision_margin" not in functions:
         raise ProblemFormatError(f"{where}: MARGIN needs a decision_margin(*inputs) function")
     mutates = _mutates(where, tree, meta, functions["reference"])
+    share = _dsl_share(where, meta)
     return ProblemInfo(
         number=number, name=name, family=family, path=str(path), description=doc.strip(),
         source=source, dtype=meta["DTYPE"], sol_flops=float(sol["flops"]), sol_bytes=float(sol["bytes"]),
         exact=bool(meta.get("EXACT", False)), margin=meta.get("MARGIN"),
         tolerance_factor=float(tolerance.get("factor", 3.0)), tolerance_reason=tolerance.get("reason"),
-        mutates=mutates, fingerprint=hashlib.sha256(data).hexdigest(),
+        mutates=mutates, dsl_share_min=share.get("min"), dsl_share_reason=share.get("reason"),
+        fingerprint=hashlib.sha256(data).hexdigest(),
     )
+
+
+def _dsl_share(where: str, meta: dict) -> dict:
+    """DSL_SHARE: {'min': x with 0 <= x < 0.9, 'reason': '...'} lowers the strict policy's floor (issue #24)."""
+    if "DSL_SHARE" not in meta:
+        return {}
+    share = meta["DSL_SHARE"]
+    floor = share.get("min") if isinstance(share, dict) else None
+    if not (isinstance(share, dict) and set(share) == {"min", "reason"} and isinstance(floor, (int, float))
+            and not isinstance(floor, bool) and 0 <= floor < 0.9 and isinstance(share["reason"], str)
+            and share["reason"].strip()):
+        raise ProblemFormatError(f"{where}: DSL_SHARE must be a literal {{'min': x, 'reason': '...'}} with "
+                                 f"0 <= x < 0.9 (it lowers the strict policy's 0.9) and a reason")
+    return {"min": float(floor), "reason": share["reason"].strip()}
 
 
 def _mutates(where: str, tree: ast.Module, meta: dict, reference: ast.FunctionDef) -> tuple[str, ...]:

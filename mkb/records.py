@@ -166,6 +166,10 @@ class ProblemInfo(Record):
     """Why the factor differs from 3, when it does."""
     mutates: tuple[str, ...] = ()
     """Names of reference's parameters it updates in place (MUTATES): graded after the call."""
+    dsl_share_min: float | None = None
+    """The strict DSL policy's floor on the DSL's share of device time for this problem (DSL_SHARE); None: 0.9."""
+    dsl_share_reason: str | None = None
+    """Why the problem lowers that floor, when it does."""
     fingerprint: str
     """sha256 of the problem file's bytes."""
 

@@ -64,8 +64,8 @@ class Settings(BaseModel):
     """Seconds one model request may spend waiting to retry rate limits, timeouts, refused connections and 5xx (waits of 2 s doubling to 60 s; one log line per retry); then the attempt ends as infra_error. 0: no retries."""
     unsafe_sandbox: bool = False
     """Let agents' commands run unisolated (they can read the API key and every file) where bubblewrap cannot run or with --sandbox none; otherwise those attempts are refused."""
-    dsl_policy: Literal["paper"] = "paper"
-    """DSL-use rule stated to agents and applied by the judge: paper (the DSL runs and matters; eager does the rest)."""
+    dsl_policy: Literal["paper", "strict"] = "paper"
+    """DSL-use rule stated to agents and applied by the judge: paper (as the original: the DSL runs and computes the answer, eager does the rest; its share of device time is recorded) or strict (the share must also reach 0.9, or the problem's DSL_SHARE)."""
     clock: Literal["paper", "agent"] = "paper"
     """Budget clock: paper (all time counts, judge queue and grading too) or agent (GPU queue, backoff paused)."""
     context_full: Literal["summarize", "end"] = "summarize"

@@ -71,6 +71,12 @@ def fingerprint_parts(settings: Settings, spec: TrialSpec, budget: Budget,
                             budget=budget.model_dump(mode="json"), conditions=conditions.recorded())
 
 
+def dsl_share_of(record) -> float | None:
+    """details.dsl_share of a judge record, when it is a number (issue #24)."""
+    share = (record.details or {}).get("dsl_share") if record is not None else None
+    return float(share) if isinstance(share, int | float) and not isinstance(share, bool) else None
+
+
 class Outcome(Timings):
     """How one attempt ended, as it is recorded; built from an AttemptResult by Outcome.of on every path.
 
@@ -106,12 +112,15 @@ class Outcome(Timings):
     """Correct draws of the final grading."""
     conditions: dict | None = None
     """The conditions the attempt ran under (Conditions.recorded)."""
+    dsl_share: float | None = None
+    """The final grading's DSL share (its record's details.dsl_share); None when it recorded none."""
 
     @classmethod
     def of(cls, result: AttemptResult, conditions: Conditions | None = None) -> Outcome:
         """The recorded view of an agent attempt."""
         final = result.final
         return cls(state=State(result.state), status=result.status, speedup=final.speedup if final else None,
+                   dsl_share=dsl_share_of(final),
                    kernel_ms=final.kernel_ms if final else None, eager_ms=final.eager_ms if final else None,
                    skill_text=result.skill_text, usage=result.usage, n_submissions=result.n_submissions,
                    wall_s=max(0.0, result.wall_s - result.queue_s), queue_s=result.queue_s, sandbox=result.isolation,
@@ -229,7 +238,8 @@ class Recorder:
             cost_usd, cost_source = prices.cost(self.model, usage)
             rows.append(trial.model_copy(update={
                 "state": outcome.state, "status": outcome.status, "speedup": outcome.speedup,
-                "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "finished_at": finished,
+                "kernel_ms": outcome.kernel_ms, "eager_ms": outcome.eager_ms, "dsl_share": outcome.dsl_share,
+                "finished_at": finished,
                 "wall_s": outcome.wall_s, "queue_s": outcome.queue_s, "charged_s": outcome.charged_s,
                 "total_s": outcome.total_s, "time_left_s": outcome.time_left_s, "ending": outcome.ending,
                 "timed_out": outcome.ending == "time" if outcome.ending else None, "n_handoffs": usage.n_handoffs,

@@ -13,6 +13,10 @@
 #              adds problems/solutions/pending/, not yet graded on a GPU) -> h200.json
 #   judge      pytest -m gpu tests/test_judge_gpu.py: valid kernels at full scale (paper, flushed), CPU hack
 #              fixtures graded on the GPU                             -> judge_records.json (JUDGE_ONLY=pytest -k expression)
+#   share      the DSL share (issue #24): the partial-DSL and GEMM-epilogue fixtures and the fused ones under both
+#              DSL policies (pytest -k dsl_share)                      -> dsl_share_records.json; with
+#              SHARE_SOLUTIONS=1 also every shipped solution graded under strict -> h200_strict.json (else
+#              solutions_table.py re-scores the `solutions` stage's paper gradings, which record the share)
 #   bench      judge overhead and timing spread (paper, flushed)    -> bench_judge_<problem>_<dsl>.json
 #              (BENCH_MODES="paper" for one mode, BENCH_TAG=x to suffix the file names;
 #              BENCH_CASES="p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py p19:tirx:problems/solutions/tirx/p19.py";
@@ -75,6 +79,15 @@ for stage in "$@"; do
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" ${JUDGE_ONLY:+-k "$JUDGE_ONLY"} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
+    share) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" -k dsl_share \
+          2>&1 | tail -20 | tee -a "$OUT/session.log"
+        if [ "${SHARE_SOLUTIONS:-0}" = 1 ]; then
+          [ -f "$OUT/h200_strict.json" ] || [ ! -f problems/solutions/h200_strict.json ] \
+            || cp problems/solutions/h200_strict.json "$OUT/h200_strict.json"
+          $PY artifact/generators/validate_solutions.py --dsl-policy strict --out "$OUT/h200_strict.json" \
+            ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} ${SOL_DSL:+--dsl "$SOL_DSL"} \
+            2>&1 | tail -30 | tee -a "$OUT/session.log"
+        fi ;;
     bench) for case in ${BENCH_CASES:-p28:cutedsl:tests/kernels/gpu_cutedsl_p28.py}; do
           IFS=: read -r problem dsl kernel <<< "$case"
           $PY -m mkb bench judge "$problem" "$kernel" --dsl "$dsl" --repeats "${BENCH_REPEATS:-5}" --json \

@@ -266,3 +266,45 @@ def test_an_empty_database_gives_empty_results(tmp_path):
     with Store(tmp_path / "empty.duckdb") as store:
         results = load_results(store)
     assert results.is_empty and not results.cells and not results.models
+
+
+def test_the_dsl_share_table_gives_quartiles_and_dsl_dominant_passes(store):
+    """Issue #24: the share's distribution per model and arm over passes, and how many passes are DSL-dominant."""
+    from analysis_db import add_trial
+
+    from mkb.analysis.shares import table_dsl_share
+
+    add_run(store, "r1", "m")
+    for number, share in enumerate((0.02, 0.5, 0.95, 1.0, None), start=1):
+        add_trial(store, "m", add_problem(store, number, "mlp_norm"), Arm.SOLO_TIRX, dsl_share=share)
+    add_trial(store, "m", add_problem(store, 9, "mlp_norm"), Arm.SOLO_TIRX, status="incorrect", dsl_share=0.99)
+    table = table_dsl_share(load_results(store))
+    (row,) = [r for r in table.rows if r["arm"] == "solo TIRx"]
+    assert (row["passes"], row["with_share"], row["dominant"]) == (5, 4, 2)  # the failed attempt is not a pass
+    assert (row["min"], row["max"], row["dominant_share"]) == (0.02, 1.0, 0.5)
+    assert row["median"] == pytest.approx(0.725) and row["q1"] == pytest.approx(0.38)
+    assert table.name in {t.name for t in all_tables(load_results(store))}
+
+
+def test_migration_20_fills_the_trials_dsl_share_from_stored_final_gradings(tmp_path):
+    """An old database (schema 2) gains trials.dsl_share, read from each trial's final grading record."""
+    import json
+
+    import duckdb
+
+    from mkb.store import migrations
+
+    path = tmp_path / "old.duckdb"
+    db = duckdb.connect(str(path))
+    for step in migrations.MIGRATIONS[:2]:
+        step(db)
+    db.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR, applied_at TIMESTAMP)")
+    db.execute("INSERT INTO schema_migrations VALUES (1, 'm001_initial', now()), (2, 'm002', now())")
+    db.execute("INSERT INTO trials (model, trial_id, attempt_id, problem_id, replicate, arm, dsl, state) VALUES "
+               "('m', 'p01_r1_solo_tirx', 'a1', 'p01', 1, 'solo_tirx', 'tirx', 'finished')")
+    for n, kind, share in ((1, "feedback", 0.1), (2, "final", 0.37)):
+        db.execute("INSERT INTO submissions (attempt_id, n, kind, status, record, created_at) VALUES "
+                   "('a1', ?, ?, 'passed', ?, now())", [n, kind, json.dumps({"details": {"dsl_share": share}})])
+    db.close()
+    with Store(path) as opened:
+        assert opened.rows("SELECT dsl_share FROM trials") == [{"dsl_share": 0.37}]

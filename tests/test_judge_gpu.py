@@ -36,6 +36,13 @@ CASES = ([pytest.param(name, "full", timing, id=f"{name}-full-{timing}") for tim
          + [pytest.param(name, "smoke", "paper", id=f"{name}-on-gpu") for name in ON_GPU])
 
 
+PARTIAL = ("gpu_partial_cutedsl_p28", "gpu_partial_tirx_p28", "gpu_cutedsl_p32", "gpu_tirx_p32")
+"""A DSL kernel doing a trivial load-bearing part (p28: it converts the weight) and torch-heavy GEMMs with a DSL
+epilogue (p32): they pass the paper policy with their small DSL share recorded and fail strict (issue #24)."""
+FULL_DSL = ("gpu_cutedsl_p28", "gpu_tirx_p28")
+"""Fully fused DSL kernels: the DSL does nearly all of the device time, and both policies pass them."""
+
+
 @pytest.fixture(scope="module")
 def catalog():
     return catalog_for(KERNELS.parent.parent / "problems")
@@ -82,3 +89,26 @@ def test_a_final_grading_measures_a_baseline_that_a_later_grading_reuses(catalog
     assert again.status == Status.PASSED and again.eager_ms == baseline.eager_ms
     assert again.details["timing"]["eager"] is None and again.details["timing"]["eager_source"] == "stored"
     assert again.speedup == baseline.eager_ms / again.kernel_ms
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fixture", PARTIAL + FULL_DSL)
+def test_dsl_share_under_both_policies(fixture, catalog, gpu_records):
+    from mkb.settings import load_settings
+
+    facts = fixture_facts(KERNELS / f"{fixture}.py")
+    problem = resolve(facts["problem"], catalog)
+    records = {policy: grade(problem, KERNELS / f"{fixture}.py", facts["dsl"], device="cuda", scale="full",
+                             settings=load_settings(dsl_policy=policy, judge_spares=0)) for policy in ("paper", "strict")}
+    for policy, record in records.items():
+        gpu_records("dsl_share_records", {"fixture": fixture, "policy": policy, "record": record.model_dump(mode="json")})
+    paper, strict = records["paper"], records["strict"]
+    share = paper.details["dsl_share"]
+    assert paper.status == Status.PASSED and paper.dsl_check == Check.PASSED, paper.message
+    assert share is not None and paper.details["dsl_share_detail"]["dsl_ms"] > 0
+    if fixture in PARTIAL:
+        assert share < 0.5, paper.details["dsl_share_detail"]
+        assert strict.status == Status.POLICY_VIOLATION and "below the strict policy's 90%" in strict.message
+        assert f"{strict.details['dsl_share']:.1%}" in strict.message
+    else:
+        assert share > 0.9 and strict.status == Status.PASSED, (share, strict.message)

@@ -129,7 +129,9 @@ def test_an_attack_reads_nothing_and_leaves_nothing(path, catalog, canaries, uni
 @pytest.mark.parametrize("name, leaked", [("attack_read_solutions", "solutions/cutedsl/p28.py"),
                                           ("attack_reference_runpy", None)])
 def test_the_attacks_are_real_without_a_sandbox(name, leaked, catalog, monkeypatch):
-    """Graded in plain processes (the explicit unsafe setting), the same kernels do read the solutions and pass."""
+    """Graded in plain processes (the explicit unsafe setting), the same kernels do read the solutions; running the
+    problem file through runpy is refused by the candidate's seal even there (a code file outside the installed
+    libraries, issue #24)."""
     monkeypatch.setenv("PATH", "/nonexistent")  # no bwrap: find() reports no sandbox
     sandbox.find.cache_clear()
     try:
@@ -145,7 +147,7 @@ def test_the_attacks_are_real_without_a_sandbox(name, leaked, catalog, monkeypat
     if leaked:
         assert leaked in unsafe.message
     else:
-        assert unsafe.status == Status.PASSED
+        assert unsafe.status == Status.POLICY_VIOLATION and "forbidden at run time" in unsafe.message, unsafe.message
     assert_nothing_left()
 
 

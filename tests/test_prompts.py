@@ -63,3 +63,21 @@ def test_show_instruction_refuses_mismatches_in_one_line(args, message, tmp_path
     (tmp_path / "EMPTY.md").write_text("  \n")
     result = CliRunner().invoke(main, ["show-instruction", "p28", *args])
     assert result.exit_code == 1 and message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_strict_dsl_policy_and_its_floor_reach_the_instruction_and_the_contract(tmp_path):
+    """--dsl-policy strict is stated to the agent with the floor in force: 90 %, or the problem's DSL_SHARE."""
+    from mkb.agent.prompts import contract
+    from mkb.problems import catalog_for, resolve
+    from mkb.records import Dsl
+    from mkb.settings import load_settings
+
+    paper = CliRunner().invoke(main, ["show-instruction", "p28", "--dsl", "tirx"])
+    strict = CliRunner().invoke(main, ["show-instruction", "p28", "--dsl", "tirx", "--dsl-policy", "strict"])
+    assert paper.exit_code == 0 and strict.exit_code == 0, strict.stderr
+    assert "the **paper** DSL policy" in paper.stdout and "strict" not in paper.stdout
+    assert "Under the **strict** DSL policy" in strict.stdout and "at least 90 % of the GPU time" in strict.stdout
+    problems = load_settings().problems_dir
+    lowered = resolve("p28", catalog_for(problems)).model_copy(update={"dsl_share_min": 0.25})
+    text = contract(lowered, Dsl("tirx"), problems / "templates", "strict")
+    assert "at least 25 % of the GPU time" in text and "90 %" not in text

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from mkb import audit  # noqa: E402
 from mkb.problems import catalog_for  # noqa: E402
 from validate_solutions import markdown_table, shipped, sol_ms  # noqa: E402  (this file's directory)
 
@@ -39,7 +40,44 @@ def main(src: Path, out: Path) -> None:
         lines.append(f"| {r['problem']}{star} | {info.family} | {r['dsl']} | {r['status']} | {r['kernel_ms']:.4f} | "
                      f"{r['eager_ms']:.3f} | {r['speedup']:.2f} | {'' if frac is None else f'{frac:.2f}'} |")
     lines += judged(ROOT / "problems/solutions/h200.json")
+    lines += shares(ROOT / "problems/solutions/h200.json", ROOT / "problems/solutions/h200_strict.json")
     out.write_text("\n".join(lines) + "\n")
+
+
+def rescored(record: dict, floor: float | None):
+    """A solution's grading re-checked as `mkb audit` does: its DSL share (recorded, or for records graded before
+    it existed the launched kernels split by origin) and its strict verdict from that share."""
+    return audit.check({"model": "", "trial_id": "", "problem_id": record["problem"], "dsl": record["dsl"],
+                        "status": record["status"], "kernel_source": "", "record": record}, floor)
+
+
+def shares(paper_src: Path, strict_src: Path) -> list[str]:
+    """The DSL share of every graded variant, and its verdict under the strict policy: the strict grading when one
+    was recorded, else the paper grading's share against the floor (what `mkb audit` computes)."""
+    if not paper_src.exists():
+        return []
+    floors = {p.id: p.dsl_share_min for p in catalog_for(ROOT / "problems")}
+    strict = {(r["problem"], r["dsl"]): r for r in json.loads(strict_src.read_text())} if strict_src.exists() else {}
+    lines = ["", "## DSL share", "",
+             "The declared DSL's share of `solve()`'s profiled device time per call (issue #24; docs/judge.md, "
+             "\"DSL-use verification\"). The paper policy records it; the strict policy requires 0.9 (or the "
+             "problem's `DSL_SHARE`). From the records above: `details.dsl_share` where the judge recorded it, else "
+             "the older records' launched kernels split by origin. Strict: the grading in "
+             f"`{strict_src.relative_to(ROOT)}` (`validate_solutions.py --dsl-policy strict`) where there is one, "
+             "else the paper grading re-scored from its share (`mkb audit`'s rule; marked †).", "",
+             "| problem | dsl | DSL share | from | strict |", "|---|---|---:|---|---|"]
+    below = []
+    for r in sorted(json.loads(paper_src.read_text()), key=lambda r: (r["problem"], r["dsl"])):
+        row = rescored(r, floors.get(r["problem"]))
+        graded = strict.get((r["problem"], r["dsl"]))
+        verdict = graded["status"] if graded else f"{row.strict} †"
+        share = "" if row.dsl_share is None else f"{row.dsl_share:.1%}"
+        lines.append(f"| {r['problem']} | {r['dsl']} | {share} | {row.share_from} | {verdict} |")
+        if row.strict == "failed":
+            below.append(f"{r['problem']} {r['dsl']}")
+    if below:
+        lines += ["", "Below the strict floor (they pass the paper policy and fail strict): " + ", ".join(below) + "."]
+    return lines
 
 
 def judged(src: Path) -> list[str]:

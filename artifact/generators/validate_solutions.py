@@ -86,6 +86,8 @@ def main() -> int:
     ap.add_argument("--timing", default="paper", choices=("paper", "flushed"))
     ap.add_argument("--scale", default="full", choices=("full", "smoke"))
     ap.add_argument("--timeout", type=float, default=None, help="judge timeout per variant (s)")
+    ap.add_argument("--dsl-policy", default="paper", choices=("paper", "strict"),
+                    help="DSL-use policy to grade under (strict also requires the DSL share, issue #24)")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--merge", action="store_true", help="replace matching records in --out, keep the others")
     ap.add_argument("--pending", action="store_true",
@@ -115,7 +117,9 @@ def main() -> int:
 
     from mkb.environment import describe
     from mkb.judge import grade
+    from mkb.settings import load_settings
 
+    settings = load_settings(dsl_policy=args.dsl_policy)
     env = describe(with_gpu=True)  # where the gradings ran: host, versions, GPUs, CUDA, driver
     out_path = Path(args.out)
     records = json.loads(out_path.read_text()) if (args.merge and out_path.exists()) else []
@@ -128,10 +132,11 @@ def main() -> int:
             continue
         t0 = time.time()
         rec = grade(info, path, dsl, device=args.device, timing=args.timing, timeout_s=args.timeout,
-                    scale=args.scale)
+                    scale=args.scale, settings=settings)
         row = rec.model_dump(mode="json")
         row["log_tail"] = row.get("log_tail", "")[-2000:]
         row.update(problem=pid, dsl=dsl, status=str(rec.status), speedup=rec.speedup, kernel_ms=rec.kernel_ms,
+                   dsl_policy=args.dsl_policy, dsl_share=rec.details.get("dsl_share"),
                    eager_ms=rec.eager_ms, sol_ms=sol_ms(info), problem_dtype=info.dtype,
                    sol_flops=info.sol_flops, sol_bytes=info.sol_bytes,
                    sol_fraction=(sol_ms(info) / rec.kernel_ms) if rec.kernel_ms else None,
@@ -145,6 +150,8 @@ def main() -> int:
         if rec.speedup is not None:
             line += (f"  kernel {rec.kernel_ms:.4f} ms  eager {rec.eager_ms:.3f} ms  x{rec.speedup:.2f}"
                      f"  SOL {row['sol_fraction']:.2f}  dsl_check {rec.dsl_check}")
+        if rec.details.get("dsl_share") is not None:
+            line += f"  DSL share {rec.details['dsl_share']:.1%}"
         if rec.message:
             line += "  | " + rec.message.replace("\n", " ")[:240]
         print(line, flush=True)

@@ -51,8 +51,11 @@ def templates_sha256(templates_dir: Path) -> str:
 
 
 def contract_values(problem: ProblemInfo, dsl: Dsl, dsl_policy: str = "paper") -> dict[str, Any]:
+    """What the contract (and the instruction, which includes it) is rendered with; dsl_policy is the DSL-use
+    policy in force (Settings.dsl_policy) and dsl_share_min the strict policy's floor for this problem."""
     return {"problem": problem, "dsl": str(dsl), "dsl_name": DSL_NAMES[dsl], "other_dsl_name": OTHER_DSL_NAMES[dsl],
-            "grading": GRADING, "dsl_policy": dsl_policy}
+            "grading": GRADING, "dsl_policy": dsl_policy,
+            "dsl_share_min": problem.dsl_share_min if problem.dsl_share_min is not None else 0.9}
 
 
 def instruction(problem: ProblemInfo, dsl: Dsl, *, gpu: Gpu, budget_s: float | None, n_submissions: int,

@@ -57,6 +57,8 @@ class Attempt:
     completion_tokens: int | None
     cost_usd: float | None
     wall_s: float | None
+    dsl_share: float | None = None
+    """The final grading's DSL share of device time (trials.dsl_share); None when not recorded."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The report's tables, built from scored results: Table 1, family, standing, source verdict, arms, usage, cells."""
+"""The report's tables, built from scored results: Table 1, family, standing, source verdict, arms, usage, DSL share
+(shares.py), cells."""
 
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def table_device_time(results: Results) -> Table:
              f"are left out because a grading of theirs recorded no device time of the eager reference "
              f"(graded before issue #27: mkb regrade adds it).", _floor_note(results))
     rows = [r for r in _main_rows(results, scored) if r["cells"]]
-    return Table("table7_device_time", "Appendix: Table 1 with device time (profiler)", columns, tuple(rows),
+    return Table("table8_device_time", "Appendix: Table 1 with device time (profiler)", columns, tuple(rows),
                  notes, footnote(results.params))
 
 
@@ -241,6 +242,8 @@ def table_cells(results: Results) -> Table:
 
 def all_tables(results: Results) -> list[Table]:
     """Every table of the report, in index order."""
+    from mkb.analysis.shares import table_dsl_share
+
     return [table_main(results), table_family(results), table_standing(results),
-            table_source_verdict(results), table_arms(results), table_usage(results), table_cells(results),
-            table_device_time(results)]
+            table_source_verdict(results), table_arms(results), table_usage(results), table_dsl_share(results),
+            table_cells(results), table_device_time(results)]

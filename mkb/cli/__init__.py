@@ -124,8 +124,23 @@ def _cell(value) -> str:
     return str(value)
 
 
+def dsl_policy_option(fn):
+    """--dsl-policy paper|strict: recorded in the invocation's settings (no parameter of its own)."""
+
+    def remember(ctx: click.Context, _param, value):
+        if value is not None:
+            ctx.find_root().obj = {**(ctx.find_root().obj or {}), "dsl_policy": value}
+
+    return click.option("--dsl-policy", type=click.Choice(["paper", "strict"]), expose_value=False, callback=remember,
+                        help="DSL-use policy: paper (as the original: the DSL runs and computes the answer; its share "
+                             "of device time is recorded) or strict (the share must also reach 0.9, or the problem's "
+                             "DSL_SHARE) (default: the dsl_policy setting, paper).")(fn)
+
+
 def run_options(fn):
-    """--device, --sandbox and --image: where an attempt's kernels are graded and its commands run (settings)."""
+    """--device, --sandbox, --image and --dsl-policy: where an attempt's kernels are graded and its commands run, and
+    the DSL-use policy they are graded under (settings)."""
+    fn = dsl_policy_option(fn)
     fn = click.option("--image", help="Image for --sandbox docker (default: the image setting, mkb:latest).")(fn)
     fn = click.option("--sandbox", type=click.Choice(["local", "docker", "none"]),
                       help="Where the agent's commands run: local (bubblewrap; refused where it cannot run, unless "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import protocol_options, settings_from
+from mkb.cli import dsl_policy_option, protocol_options, settings_from
 from mkb.errors import MkbError
 from mkb.records import DSLS, Arm, Dsl
 
@@ -50,6 +50,7 @@ def render_text(messages: list[dict]) -> str:
 @click.option("--skill", type=click.Path(exists=True, dir_okay=False),
               help="A SKILL.md to show as the transferred skill (skill arms; default a placeholder).")
 @protocol_options
+@dsl_policy_option
 @click.option("--json", "json_", is_flag=True, help="Print the messages as JSON (OpenAI wire format) on stdout.")
 @click.pass_context
 def show_instruction(ctx, problem, dsl, arm, skill, clock, context_full, manual_examples, json_):
@@ -61,6 +62,7 @@ def show_instruction(ctx, problem, dsl, arm, skill, clock, context_full, manual_
         mkb show-instruction p28 --dsl cutedsl
         mkb show-instruction p28 --dsl tirx --arm cutedsl2tirx_skill --skill SKILL.md
         mkb show-instruction p28 --dsl tirx --clock agent --json
+        mkb show-instruction p28 --dsl cutedsl --dsl-policy strict
     """
     settings = settings_from(ctx, clock=clock, context_full=context_full, manual_examples=manual_examples)
     skill_text = Path(skill).read_text(encoding="utf-8") if skill else None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from mkb.cli import console, db_option, exit_on_infra_errors, settings_from
+from mkb.cli import console, db_option, dsl_policy_option, exit_on_infra_errors, settings_from
 from mkb.records import DSLS, Status
 
 
@@ -31,6 +31,7 @@ from mkb.records import DSLS, Status
 @click.option("--processes", type=click.IntRange(1), default=None,
               help="With --final: fresh processes (default: the judge_final_processes setting, 5).")
 @db_option
+@dsl_policy_option
 @click.pass_context
 def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale, final, processes):
     """Grade KERNEL (a kernel.py defining solve) on PROBLEM_ID; exit 0 when it passed, 3 on infra_error, else 1.
@@ -43,6 +44,7 @@ def verify(ctx, problem_id, kernel, dsl, device, json_, timing, timeout_s, scale
         mkb verify p28 --dsl cutedsl kernel.py --json
         mkb verify p28 --dsl tirx kernel.py --device cpu --scale smoke
         mkb verify p28 --dsl cutedsl kernel.py --final --db results/mkb.duckdb
+        mkb verify p28 --dsl cutedsl kernel.py --dsl-policy strict
     """
     from mkb.judge import prepare_host
     from mkb.problems import catalog_for, resolve

@@ -38,7 +38,7 @@ class Evaluation:
     """One grading on a Launch: the specs, the supervision and the verdict."""
 
     def __init__(self, launch: Launch, problem, kernel: Path, dsl: Dsl, timing: str, scale: str,
-                 pin_cpus: bool = False, eager: str = "time"):
+                 pin_cpus: bool = False, eager: str = "time", dsl_policy: str = "paper"):
         plan = launch.plan
         self.launch, self.device, self.start_s = launch, plan.device, None
         self.children = launch.children
@@ -52,7 +52,8 @@ class Evaluation:
         boxed = launch.sandbox is not None
         r_spec = {"device": plan.device, "workdir": TRANSPORT if boxed else str(launch.hostdir / "transport"),
                   "problem": problem.model_dump(mode="json"), "dsl": str(dsl), "scale": scale,
-                  "timing": timing if plan.timed else "none", "pin_cpus": pin_cpus, "eager": eager}
+                  "timing": timing if plan.timed else "none", "pin_cpus": pin_cpus, "eager": eager,
+                  "dsl_policy": dsl_policy}
         specs = {}
         for name in ("candidate", "eager"):
             if name not in launch.children:

@@ -74,7 +74,8 @@ def grade(problem: ProblemInfo, kernel_path: str | Path, dsl: Dsl | str, *, devi
     except LaunchError as exc:
         verdict, details, log_tail = {"status": Status.INFRA_ERROR, "message": str(exc)}, {}, ""
     details.update(static=[], timeout_s=timeout_s, scale=scale, timing_mode=timing if device == "cuda" else "none",
-                   environment=_environment(device), grading={"mode": "single", "processes": 1})
+                   environment=_environment(device), grading={"mode": "single", "processes": 1},
+                   dsl_policy=settings.dsl_policy)
     if verdict["status"] == Status.PASSED and verdict.get("kernel_ms") is not None:
         verdict, details = _against(verdict, details, baseline)
     record = JudgeRecord(status=verdict["status"], message=verdict.get("message", ""), draws=verdict.get("draws", []),
@@ -100,7 +101,7 @@ def _evaluate(problem, kernel, dsl, device, timing, scale, settings, timeout_s, 
     with launched(plan, keep_spare=settings.judge_spares > 0) as (launch, ahead_s):
         try:
             evaluation = Evaluation(launch, problem, kernel, dsl, timing, scale, settings.judge_pin_cpus,
-                                    eager="stored" if stored_eager else "time")
+                                    eager="stored" if stored_eager else "time", dsl_policy=settings.dsl_policy)
         except BaseException:
             launch.close()
             raise

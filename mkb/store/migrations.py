@@ -184,6 +184,16 @@ def m010_run_owner(db: duckdb.DuckDBPyConnection) -> None:
 
 
 @migration
+def m020_trials_dsl_share(db: duckdb.DuckDBPyConnection) -> None:
+    """trials.dsl_share: the final grading's DSL share of device time (issue #24), filled from stored records."""
+    db.execute("ALTER TABLE trials ADD COLUMN dsl_share DOUBLE")
+    db.execute("""
+    UPDATE trials SET dsl_share = TRY_CAST(json_extract(s.record, '$.details.dsl_share') AS DOUBLE)
+    FROM submissions s
+    WHERE s.attempt_id = trials.attempt_id AND s.kind = 'final'""")
+
+
+@migration
 def m030_eager_baselines(db: duckdb.DuckDBPyConnection) -> None:
     """eager_baselines: the eager reference's time per problem, GPU model and environment fingerprint (issue #27)."""
     db.execute("""

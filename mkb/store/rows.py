@@ -159,6 +159,8 @@ class Trial(Progress, Timings):
     """Cost in USD: the provider's where it reports one, else from the price table (cost_source)."""
     cost_source: str | None = None
     """Where cost_usd came from: provider, or price-table:<date> (mkb.agent.prices); None when unknown."""
+    dsl_share: float | None = None
+    """The final grading's share of solve()'s profiled device time done by the declared DSL (details.dsl_share)."""
 
 
 class Attempt(Progress):

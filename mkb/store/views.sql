@@ -39,7 +39,7 @@ SELECT t.model, m.is_oracle, m.label AS model_label, t.trial_id, t.run_id, t.pro
        t.source_trial_id, t.skill_sha256, t.kernel_ms, t.eager_ms, t.wall_s, t.queue_s,
        t.n_submissions, t.n_turns, t.prompt_tokens, t.completion_tokens, t.cost_usd,
        t.attempt_id, t.ending, t.timed_out, t.charged_s, t.total_s, t.time_left_s, t.n_handoffs,
-       t.n_correct_draws, t.cached_tokens, t.cost_source
+       t.n_correct_draws, t.cached_tokens, t.cost_source, t.dsl_share
 FROM trials t
 JOIN model_labels m USING (model)
 LEFT JOIN problems p USING (problem_id);

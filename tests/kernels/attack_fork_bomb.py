@@ -7,6 +7,7 @@ Problem: p28
 DSL: cutedsl
 Device: cpu
 Expected: crashed
+Also: policy_violation
 """
 import os
 import time

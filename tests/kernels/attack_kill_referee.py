@@ -7,6 +7,7 @@ Problem: p28
 DSL: cutedsl
 Device: cpu
 Expected: passed
+Also: policy_violation
 """
 import os
 

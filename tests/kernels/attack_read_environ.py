@@ -7,6 +7,7 @@ Problem: p28
 DSL: cutedsl
 Device: cpu
 Expected: runtime_error
+Also: policy_violation
 """
 import os
 

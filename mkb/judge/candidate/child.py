@@ -34,10 +34,11 @@ def _load(name: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
+    del sys.modules[spec.name]  # not importable by the candidate (its functions still know their module)
     return module
 
 
-wire, hooks, guards, trace = (_load(n) for n in ("wire", "hooks", "guards", "trace"))
+wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "hooks", "guards", "trace", "seal"))
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
@@ -59,38 +60,56 @@ def _error(exc: BaseException, kind: str) -> dict:
 
 
 class Candidate:
-    """State of this process: the solve function, hooks, shared tensors, timing events."""
+    """State of this process: the solve function, hooks, shared tensors, timing events.
+
+    Only main()'s frame holds the instance, and nothing reachable from the candidate's code refers to it:
+    the harness's collaborators are bound here, before kernel.py is imported (see seal.py, knock.py).
+    """
 
     def __init__(self, spec: dict):
         self.spec, self.device = spec, spec["device"]
-        self.channel = wire.Channel(spec["cmd_fd"], spec["reply_fd"])
-        self.tracker = hooks.Tracker()
-        self.integrity = None
+        self.recv, self.send, self.emit = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
+        self.fingerprint = None
         self.solve = None
         self.pool, self.slots, self.events = [], None, {}
         self.observed: dict = {"role": spec["role"], "findings": []}
+        self.new_state, self.describe, self.copy_into = knock.new_state, guards.describe, guards.copy_into
+        self.draw = lambda state: None
+        """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
 
     def sync(self) -> None:
         if self.device == "cuda":
             _sync()
 
+    def report_integrity(self) -> None:
+        """Stream the entry points' fingerprint (the referee's first one, before kernel.py, is the baseline)."""
+        if self.fingerprint is not None:
+            self.emit({"ev": "integrity", "ids": self.fingerprint()})
+
     def start(self, spec_at: float) -> None:
-        """Install the hooks, warm the profiler, snapshot the watched entry points; say hello."""
+        """Seal the process, install the hooks, warm the profiler, stream the baseline fingerprint; say hello."""
         if self.spec["role"] == "candidate":
-            hooks.install(self.tracker, extra=guards.forbidden_callbacks(self.tracker))
-            sys.meta_path.insert(0, _Blocker())
+            finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
+            from_candidate = seal.install(seal.Roots(_HERE, os.path.dirname(self.spec["kernel"])), finding)
+            core = knock.make_core(self.emit, finding)
+            self.draw = core["draw"]
+            watcher = hooks.install(core, extra=guards.forbidden_callbacks(core, finding, from_candidate))
+            blocker = _Blocker()
+            sys.meta_path.insert(0, blocker)
+            self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal,
+                                                        sys.modules["__main__"]], [watcher, blocker])
         warm = time.monotonic()
         if self.device == "cuda":
-            trace.warm_up()  # whatever the profiler sets up lazily happens before the snapshot
-        self.integrity = guards.Integrity([wire, hooks, guards, trace, sys.modules["__main__"]])
+            trace.warm_up()  # whatever the profiler sets up lazily happens before the baseline
         startup_s = {"import_torch": round(_TORCH_IMPORTED - _STARTED, 3),
                      "judge_modules": round(_MODULES_LOADED - _TORCH_IMPORTED, 3),
                      "waiting_for_spec": round(spec_at - _MODULES_LOADED, 3),
                      "hooks": round(warm - spec_at, 3),
                      "warm_up_and_snapshot": round(time.monotonic() - warm, 3)}
+        self.report_integrity()
         os.write(self.spec["ready_fd"], b"ready")
         os.close(self.spec["ready_fd"])
-        self.channel.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
+        self.send({"event": "hello", "pid": os.getpid(), "torch": torch.__version__,
                            "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
@@ -112,7 +131,9 @@ class Candidate:
                     return {"ok": False, "kind": "import_error", "error": "kernel.py defines no solve() function"}
         except BaseException as exc:  # any failure while importing is the candidate's import error
             return _error(exc, "import_error")
-        return {"ok": True, "patched": self.integrity.patched()}
+        finally:
+            self.report_integrity()
+        return {"ok": True}
 
     def _import(self, path: str, name: str):
         spec = importlib.util.spec_from_file_location(name, path)
@@ -141,26 +162,37 @@ class Candidate:
         except Exception as exc:  # reported to the referee: the sandbox, not the kernel (none is loaded yet)
             return _error(exc, "infra_error")
 
-    def cmd_solve(self, msg: dict) -> dict:
+    def cmd_solve(self, msg: dict, flag: int) -> dict:
+        """One correctness draw; flag is its mode (knock.py), which only the draw's state holds from here on."""
+        state = self.new_state(flag, msg.get("plan"))
+        del flag
         try:
             inputs, slots = self._open(msg["inputs"]), self._open(msg.get("slots"))
         except Exception as exc:  # mapping the referee's tensors failed: the judge's problem, not the candidate's
             return _error(exc, "infra_error")
         before = guards.snapshot(inputs)
-        self.tracker.begin_solve(msg.get("mode", "normal"))
+        try:
+            out = self.run_solve(state, inputs)
+        except BaseException as exc:  # solve() raising is the candidate's runtime error
+            return _error(exc, "runtime_error")
+        finally:
+            del state
+            self.report_integrity()
+        reply = {"ok": True, "outputs": self.describe(out), "alias": guards.aliasing(out, inputs),
+                 "mutated": guards.mutated(inputs, before)}
+        reply["copied"] = "slots" in msg and self.copy_into(slots, out)  # slots is None when out must be
+        self.sync()
+        return reply
+
+    def run_solve(self, state, inputs: list):
+        """solve() under a draw's state, which the DSL hooks' core holds until solve() and its work are done."""
+        self.draw(state)
         try:
             out = self.solve(*inputs)
             self.sync()
-        except BaseException as exc:  # solve() raising is the candidate's runtime error
-            self.tracker.end_solve()
-            return _error(exc, "runtime_error")
-        calls = self.tracker.end_solve()
-        reply = {"ok": True, "outputs": guards.describe(out), "dsl_calls": calls,
-                 "alias": guards.aliasing(out, inputs), "mutated": guards.mutated(inputs, before),
-                 "patched": self.integrity.patched()}
-        reply["copied"] = "slots" in msg and guards.copy_into(slots, out)  # slots is None when out must be
-        self.sync()
-        return reply
+        finally:
+            self.draw(None)
+        return out
 
     def cmd_timing_setup(self, msg: dict) -> dict:
         try:
@@ -177,7 +209,7 @@ class Candidate:
         self.pool = [self._open(tree) for tree in msg["pool"]]
         self.slots = self._open(msg["slots"])
         self.events = dict(zip(("a", "b"), wire.signals(msg["signals"])))
-        self.channel.spin = True
+        os.set_blocking(self.spec["cmd_fd"], False)  # busy-poll: see wire.Channel.spin
         return {"ok": True}
 
     def cmd_timed(self, msg: dict) -> None:
@@ -197,22 +229,22 @@ class Candidate:
             if not msg.get("null"):
                 out = self.solve(*self.pool[msg["set"]])
         except BaseException as exc:  # a failure in a timed call is a runtime error like any other
-            self.channel.send(_error(exc, "runtime_error"))
+            self.send(_error(exc, "runtime_error"))
             return
         returned.record()
         _sync()
         synced.record()
         self.events["b"].record(stream)
         _sync()  # B written before "launched": the referee's wait then finds it given (an unwritten one costs ~0.3 ms)
-        self.channel.send({"ok": True, "launched": msg["k"]})
-        copied = msg.get("null") or guards.copy_into(self.slots, out)
+        self.send({"ok": True, "launched": msg["k"]})
+        copied = msg.get("null") or self.copy_into(self.slots, out)
         _sync()
-        self.channel.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
-                           "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+        self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
+                   "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
 
     def cmd_profile(self, msg: dict) -> dict:
-        self.channel.spin = False
-        inputs = self.pool[msg["set"]]
+        os.set_blocking(self.spec["cmd_fd"], True)
+        inputs = self.pool[msg["set"]] if "inputs" not in msg else self._open(msg["inputs"])
         kept = [(inputs[i], inputs[i].clone()) for i in msg.get("restore", [])]  # in-place inputs, as drawn
 
         def restore():
@@ -221,28 +253,38 @@ class Candidate:
 
         try:
             return {"ok": True, **trace.profile_calls(lambda: self.solve(*inputs), msg["calls"],
-                                                       self.spec["workdir"], _sync, before=restore)}
+                                                       self.spec["workdir"], self.sync, before=restore,
+                                                       device=self.device)}
         except BaseException as exc:  # the profiler failing is reported, not fatal
             return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
+        finally:
+            self.report_integrity()
 
     def cmd_report(self, msg: dict) -> dict:
         forbidden = [m for m in guards.FORBIDDEN_MODULES if m in sys.modules]
-        self.observed.update(self.tracker.report(), patched=self.integrity.patched(),
-                             forbidden_modules=forbidden, written=len(self.tracker.written))
+        for name in forbidden:
+            self.emit({"ev": "finding", "text": f"imported {name} (another GPU language)"})
+        self.report_integrity()
+        self.observed.update(forbidden_modules=forbidden)
         return {"ok": True, **self.observed}
 
     def serve(self) -> None:
-        handlers = {"preflight": self.cmd_preflight, "load": self.cmd_load, "solve": self.cmd_solve,
+        handlers = {"preflight": self.cmd_preflight, "load": self.cmd_load,
                     "timing_setup": self.cmd_timing_setup,
                     "profile": self.cmd_profile, "report": self.cmd_report}
         while True:
-            msg = self.channel.recv()
+            msg, flag = self.recv()
             if msg.get("cmd") == "finish":
                 return
             if msg.get("cmd") == "timed":
                 self.cmd_timed(msg)
                 continue
-            self.channel.send(handlers[msg["cmd"]](msg))
+            if msg.get("cmd") == "solve":
+                reply = self.cmd_solve(msg, flag)
+            else:
+                reply = handlers[msg["cmd"]](msg)
+            del flag
+            self.send(reply)
 
 
 class _strict_precision:
@@ -268,6 +310,7 @@ def main() -> int:
         return 0
     spec_at = time.monotonic()
     candidate = Candidate(spec)
+    globals().pop("Candidate")  # a candidate can rewrite any class it reaches: this one it will not reach
     candidate.start(spec_at)
     try:
         candidate.serve()

@@ -1,13 +1,18 @@
-"""Guards in the candidate process: patched entry points, output descriptions, aliasing, mutation.
+"""Guards in the candidate process: entry-point fingerprints, output descriptions, aliasing, mutation.
 
-Standard library and torch only (the candidate process loads it by path). The descriptions
-computed here are checked again on the trusted side; the integrity check catches the common
-hacks (replacing a timer, synchronize or the profiler) that would otherwise go unseen.
+Standard library and torch only (the candidate process loads it by path). The descriptions computed
+here are checked again on the trusted side. The fingerprint of the entry points the judge relies on
+(timers, synchronisation, the profiler, the functions the harness and the knock-out call, the judge's
+own modules and import hooks) is streamed to the referee, which keeps the first one, taken before
+kernel.py is imported, as the baseline: a candidate cannot re-baseline what it cannot reach.
 """
 
 from __future__ import annotations
 
 import builtins
+import json
+import os
+import struct
 import sys
 import time
 import types
@@ -23,53 +28,69 @@ WATCHED = (
     "torch.cuda.Event.synchronize", "torch.cuda.Event.query", "torch.cuda.Event.wait",
     "torch.cuda.Stream", "torch.cuda.Stream.wait_event", "torch.cuda.Stream.synchronize",
     "torch.cuda.current_stream", "torch.cuda.default_stream", "torch.cuda.stream", "torch.cuda.set_stream",
-    "torch.cuda.is_available", "torch.profiler.profile", "torch.autograd.profiler.profile",
+    "torch.cuda.is_available", "torch.profiler.profile", "torch.profiler.record_function",
+    "torch.autograd.profiler.profile", "torch.autograd.profiler.record_function", "torch.autograd._profiler_enabled",
     "torch.Tensor.copy_", "torch.Tensor.clone", "torch.Tensor.contiguous", "torch.Tensor.to",
     "torch.Tensor.cpu", "torch.Tensor.view", "torch.Tensor.reshape", "torch.Tensor.__eq__",
-    "torch.equal", "torch.allclose", "torch.isfinite", "torch.from_file",
-    "torch.from_dlpack", "torch.empty", "torch.UntypedStorage._new_shared_cuda",
-    "builtins.print", "builtins.open", "builtins.__import__", "sys.exit",
+    "torch.Tensor.fill_", "torch.Tensor.zero_", "torch.Tensor.bitwise_not_", "torch.Tensor.logical_not_",
+    "torch.Tensor.normal_", "torch.Tensor.uniform_", "torch.Tensor.random_", "torch.Tensor.clamp_",
+    "torch.Tensor.__setitem__", "torch.Tensor.item", "torch.Tensor.data_ptr", "torch.Tensor.untyped_storage",
+    "torch.equal", "torch.allclose", "torch.isclose", "torch.isfinite", "torch.isnan", "torch.nan_to_num",
+    "torch.where", "torch.from_file", "torch.from_dlpack", "torch.empty", "torch.no_grad", "torch.Generator",
+    "torch.UntypedStorage._new_shared_cuda", "torch.testing.assert_close",
+    "torch._C._len_torch_dispatch_stack", "torch._C._len_torch_function_stack",
+    "builtins.print", "builtins.open", "builtins.__import__", "builtins.isinstance", "builtins.len",
+    "builtins.getattr", "builtins.type", "sys.exit", "sys._getframe",
+    "os.read", "os.write", "os._exit", "json.dumps", "json.loads", "struct.pack", "struct.unpack",
 )
-"""Entry points the judge relies on, or that timing hacks replace."""
+"""Entry points the judge relies on (timing, the comparison's inputs, the knock-out), or that timing hacks replace."""
 FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
 """Other GPU languages: importing one at all is a policy violation."""
 
 
-def _resolve(dotted: str) -> Any:
-    head, *rest = dotted.split(".")
-    obj = {"time": time, "torch": torch, "builtins": builtins, "sys": sys}[head]
-    for part in rest:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callable[[], dict[str, str]]:
+    """A function naming the object behind every watched entry point, every callable of the judge's own
+    modules, and whether each of the judge's import hooks is still on sys.meta_path.
 
+    It is a closure over what it needs, taken now (before kernel.py is imported), and looks up no global
+    name, so a candidate that replaces module attributes cannot make it report the old objects.
+    """
+    roots = {"time": time, "torch": torch, "builtins": builtins, "sys": sys, "os": os, "json": json,
+             "struct": struct}
+    dicts = []
+    for module in own:
+        dicts.append((module.__name__, vars(module)))
+    meta_path, getattr_, id_, str_, type_, callable_ = sys.meta_path, getattr, id, str, type, callable
+    list_, enumerate_, watched = list, enumerate, WATCHED
+    dispatch_depth, function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
+    module_type = types.ModuleType
 
-class Integrity:
-    """Identities of watched entry points and of the judge's own functions, taken before the candidate."""
+    def resolve(dotted: str):
+        head, *rest = dotted.split(".")
+        obj = roots[head]
+        for part in rest:
+            obj = getattr_(obj, part, None)
+            if obj is None:
+                return None
+        return obj
 
-    def __init__(self, own_modules: list[types.ModuleType]):
-        self.snapshot = {name: _resolve(name) for name in WATCHED}
-        for module in own_modules:
-            for name, value in list(vars(module).items()):
-                if callable(value):
-                    self.snapshot[f"{module.__name__}.{name}"] = value
-                if isinstance(value, type):
-                    for attr, member in list(vars(value).items()):
-                        self.snapshot[f"{module.__name__}.{name}.{attr}"] = member
-        self._modules = {m.__name__: m for m in own_modules}
+    def fingerprint() -> dict[str, str]:
+        found = {}
+        for name in watched:
+            found[name] = str_(id_(resolve(name)))
+        for module_name, names in dicts:
+            for name, value in list_(names.items()):
+                if callable_(value) or type_(value) is module_type:
+                    found[module_name + "." + name] = str_(id_(value))
+        for i, hook in enumerate_(hooks):
+            present = False
+            for entry in list_(meta_path):
+                present = present or entry is hook
+            found["sys.meta_path[judge hook " + str_(i) + "]"] = str_(present)
+        found["torch dispatch/function modes"] = str_(dispatch_depth() + function_depth())
+        return found
 
-    def _current(self, dotted: str) -> Any:
-        for module_name, module in self._modules.items():
-            if dotted.startswith(module_name + "."):
-                parts = dotted[len(module_name) + 1:].split(".")
-                obj = vars(module).get(parts[0])
-                return vars(obj).get(parts[1]) if len(parts) > 1 and isinstance(obj, type) else obj
-        return _resolve(dotted)
-
-    def patched(self) -> list[str]:
-        """Watched names whose object changed since the snapshot."""
-        return [name for name, value in self.snapshot.items() if self._current(name) is not value]
+    return fingerprint
 
 
 def describe(obj: Any) -> dict:
@@ -151,75 +172,91 @@ def describe_shape(obj: Any) -> Any:
 
 # -- forbidden runtime features (each use becomes a finding for the referee) -------------------
 
-def forbidden_callbacks(tracker) -> dict[str, Callable]:
-    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads, other GPU languages."""
-    callbacks = {"cuda.bindings.nvrtc": lambda m: _patch_nvrtc(tracker, m),
-                 "cuda.bindings.driver": lambda m: _patch_driver(tracker, m),
-                 "triton": lambda m: _patch_triton(tracker),
-                 "torch.utils.cpp_extension": lambda m: _patch_cpp_extension(tracker, m)}
+def forbidden_callbacks(core, finding: Callable[[str], None], from_candidate: Callable[[], bool]) -> dict[str, Callable]:
+    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads, operator overrides and
+    other GPU languages. The wrappers hold the core and finding() in default arguments (see hooks.py);
+    from_candidate() tells whether the candidate's code asked (seal.py)."""
+    callbacks = {"cuda.bindings.nvrtc": lambda m, _c=core, _f=finding: _patch_nvrtc(_c, _f, m),
+                 "cuda.bindings.driver": lambda m, _c=core, _f=finding: _patch_driver(_c, _f, m),
+                 "triton": lambda m, _f=finding: _patch_triton(_f),
+                 "torch.utils.cpp_extension": lambda m, _f=finding: _patch_cpp_extension(_f, m),
+                 "torch.library": lambda m, _f=finding, _w=from_candidate: _patch_library(_f, _w, m)}
     for name in FORBIDDEN_MODULES:
-        callbacks[name] = lambda m, name=name: tracker.finding(f"imported {name} (another GPU language)")
-    _patch_torch(tracker)
+        callbacks[name] = lambda m, _f=finding, _n=name: _f(f"imported {_n} (another GPU language)")
+    _patch_torch(finding)
     return callbacks
 
 
-def _patch_driver(tracker, module) -> None:
+def _patch_driver(core, finding, module) -> None:
     """Loading a cubin/PTX by hand (outside a DSL's own calls) is raw CUDA."""
     for name in ("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoad", "cuLibraryLoadData", "cuLibraryLoadFromFile"):
         original = getattr(module, name, None)
         if original is None:
             continue
 
-        def load(*args, _original=original, _name=name, **kwargs):
-            if not (tracker.depth or tracker.compiling):
-                tracker.finding(f"cuda.bindings.driver.{_name} loaded a GPU module outside a DSL call")
+        def load(*args, _original=original, _name=name, _core=core, _finding=finding, **kwargs):
+            if not _core["inside"]():
+                _finding(f"cuda.bindings.driver.{_name} loaded a GPU module outside a DSL call")
             return _original(*args, **kwargs)
 
         setattr(module, name, load)
 
 
-def _patch_nvrtc(tracker, module) -> None:
+def _patch_nvrtc(core, finding, module) -> None:
     original = getattr(module, "nvrtcCompileProgram", None)
     if original is None:
         return
 
-    def nvrtcCompileProgram(*args, **kwargs):
-        if not tracker.compiling:
-            tracker.finding("NVRTC compiled a program outside a DSL compile")
-        return original(*args, **kwargs)
+    def nvrtcCompileProgram(*args, _original=original, _core=core, _finding=finding, **kwargs):
+        if not _core["inside"]():
+            _finding("NVRTC compiled a program outside a DSL compile")
+        return _original(*args, **kwargs)
 
     module.nvrtcCompileProgram = nvrtcCompileProgram
 
 
-def _patch_triton(tracker) -> None:
+def _patch_triton(finding) -> None:
     """Triton's launches are findings; merely importing it is not (torch's own internals import it)."""
     try:
         from triton.runtime.jit import JITFunction
     except Exception:  # an unusual triton layout: the import finding stands on its own
         return
-    original = JITFunction.run
 
-    def run(self, *args, **kwargs):
-        tracker.finding(f"launched the Triton kernel {getattr(self, '__name__', '?')}")
-        return original(self, *args, **kwargs)
+    def run(self, *args, _original=JITFunction.run, _finding=finding, **kwargs):
+        _finding(f"launched the Triton kernel {getattr(self, '__name__', '?')}")
+        return _original(self, *args, **kwargs)
 
     JITFunction.run = run
 
 
-def _patch_cpp_extension(tracker, module) -> None:
+def _patch_cpp_extension(finding, module) -> None:
     for name in ("load_inline", "load"):
         original = getattr(module, name, None)
         if original is None:
             continue
 
-        def loader(*args, _original=original, _name=name, **kwargs):
-            tracker.finding(f"torch.utils.cpp_extension.{_name} built raw C++/CUDA")
+        def loader(*args, _original=original, _name=name, _finding=finding, **kwargs):
+            _finding(f"torch.utils.cpp_extension.{_name} built raw C++/CUDA")
             return _original(*args, **kwargs)
 
         setattr(module, name, loader)
 
 
-def _patch_torch(tracker) -> None:
+def _patch_library(finding, from_candidate, module) -> None:
+    """A Python kernel for an ATen operator would see (and could change) the judge's own tensor operations."""
+    library = getattr(module, "Library", None)
+    if library is None:
+        return
+
+    def __init__(self, ns, kind, *args, _original=library.__init__, _finding=finding, _asks=from_candidate, **kwargs):
+        if _asks() and (ns == "aten" or kind != "DEF"):
+            _finding(f"kernel.py made torch.library.Library({ns!r}, {kind!r}): overriding operator kernels is forbidden")
+        return _original(self, ns, kind, *args, **kwargs)
+
+    library.__init__ = __init__
+
+
+def _patch_torch(finding) -> None:
     """torch.compile, TorchScript, CUDA graphs and jiterator: forbidden by the kernel contract."""
 
     def forbid(owner, name: str, what: str) -> None:
@@ -227,11 +264,10 @@ def _patch_torch(tracker) -> None:
         if original is None:
             return
 
-        def guarded(*args, **kwargs):
-            tracker.finding(f"used {what}")
-            return original(*args, **kwargs)
+        def guarded(*args, _original=original, _what=what, _finding=finding, **kwargs):
+            _finding(f"used {_what}")
+            return _original(*args, **kwargs)
 
-        guarded.__wrapped__ = original
         setattr(owner, name, guarded)
 
     forbid(torch, "compile", "torch.compile")

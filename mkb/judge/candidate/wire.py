@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
+import json.decoder
+import json.encoder
 import math
 import os
 import struct
 import sys
+import threading
 from typing import Any
 
 import torch
@@ -54,12 +57,52 @@ def _reject_constant(name: str):
     raise ValueError(f"non-finite number {name} in a message")
 
 
-class Channel:
-    """Length-prefixed JSON messages over a pair of pipe file descriptors."""
+def _unencodable(obj):
+    raise TypeError(f"cannot send a {type(obj).__name__} in a message")
 
-    def __init__(self, read_fd: int, write_fd: int):
-        self.read_fd, self.write_fd = read_fd, write_fd
+
+EVIDENCE = 255
+"""The flag of an evidence message: what the candidate process saw, streamed the moment it saw it."""
+_HEADER = struct.Struct(">IB")
+_ENCODE = json.encoder.c_make_encoder(None, _unencodable, json.encoder.c_encode_basestring_ascii, None, ":", ",",
+                                      False, False, False)
+_SCAN = json.decoder.JSONDecoder(parse_constant=_reject_constant).scan_once
+
+
+def frame(message: dict, flag: int = 0, _encode=_ENCODE, _pack=_HEADER.pack, _join="".join) -> bytes:
+    """One message on the wire: size and flag, then compact JSON (no NaN or Infinity)."""
+    data = _join(_encode(message, 0)).encode()
+    return _pack(len(data), flag) + data
+
+
+def unframe(data: bytes, _scan=_SCAN, _len=len, _type=type, _dict=dict,
+            _errors=(ValueError, StopIteration, UnicodeDecodeError)) -> dict:
+    """The message in a frame's JSON bytes; WireError when it is not exactly one JSON object."""
+    try:
+        text = data.decode()
+        message, end = _scan(text, 0)
+    except _errors:
+        raise WireError("malformed message: not JSON") from None
+    if end != _len(text) or _type(message) is not _dict:
+        raise WireError("malformed message: not one JSON object")
+    return message
+
+
+class Channel:
+    """Length-prefixed JSON messages, each with a one-byte flag, over a pair of pipe file descriptors.
+
+    The functions it calls are bound when this module is imported (the C JSON scanner and encoder,
+    os.read, os.write), ahead of kernel.py: a candidate that replaces json, struct or os functions
+    afterwards sees nothing that passes here, the flag included (it carries the knock-out's mode).
+    With a sink, evidence messages (flag EVIDENCE) go to sink(message) as they arrive and recv()
+    returns the next other message.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int, sink=None, _lock=threading.Lock):
+        self.read_fd, self.write_fd, self.sink = read_fd, write_fd, sink
         self._spin = False
+        self.lock = _lock()
+        """Held while a frame is written: evidence from other threads never splits a frame."""
 
     @property
     def spin(self) -> bool:
@@ -71,45 +114,100 @@ class Channel:
         self._spin = bool(value)
         os.set_blocking(self.read_fd, not value)
 
-    def send(self, message: dict) -> None:
-        data = json.dumps(message, allow_nan=False, separators=(",", ":")).encode()
+    def send(self, message: dict, flag: int = 0, _frame=frame, _write=os.write, _view=memoryview) -> None:
+        data = _frame(message, flag)
         try:
-            _write_all(self.write_fd, struct.pack(">I", len(data)) + data)
+            with self.lock:
+                view = _view(data)
+                while view:
+                    view = view[_write(self.write_fd, view):]
         except (BrokenPipeError, OSError) as exc:
             raise WireError(f"peer closed the channel ({exc.__class__.__name__})") from None
 
     def recv(self) -> dict:
-        (size,) = struct.unpack(">I", self._read_exact(4))
-        if size > MAX_MESSAGE_BYTES:
-            raise WireError(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
-        try:
-            message = json.loads(self._read_exact(size), parse_constant=_reject_constant)
-        except ValueError as exc:
-            raise WireError(f"malformed message: {exc}") from None
-        if not isinstance(message, dict):
-            raise WireError("malformed message: not a JSON object")
-        return message
+        return self.recv_flagged()[0]
 
-    def _read_exact(self, n: int) -> bytes:
+    def recv_flagged(self, _unpack=_HEADER.unpack, _unframe=unframe, _size=_HEADER.size,
+                     _limit=MAX_MESSAGE_BYTES, _evidence=EVIDENCE) -> tuple[dict, int]:
+        """The next message that is not evidence, and its flag."""
+        while True:
+            size, flag = _unpack(self._read_exact(_size))
+            if size > _limit:
+                raise WireError(f"message of {size} bytes exceeds the {_limit}-byte limit")
+            message = _unframe(self._read_exact(size))
+            if flag == _evidence and self.sink is not None:
+                self.sink(message)
+                continue
+            return message, flag
+
+    def _read_exact(self, n: int, _read=os.read, _join=b"".join, _len=len, _blocked=BlockingIOError,
+                    _oserror=OSError) -> bytes:
         chunks, got = [], 0
         while got < n:
             try:
-                chunk = os.read(self.read_fd, min(n - got, 1 << 20))
-            except BlockingIOError:
+                chunk = _read(self.read_fd, n - got if n - got < (1 << 20) else (1 << 20))
+            except _blocked:
                 continue
-            except OSError as exc:
+            except _oserror as exc:
                 raise WireError(f"read failed: {exc}") from None
             if not chunk:
                 raise WireError("peer closed the channel")
             chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+            got += _len(chunk)
+        return _join(chunks)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
+def endpoint(read_fd: int, write_fd: int) -> tuple:
+    """The candidate's side of a channel as three closures: recv_flagged(), send(message, flag=0), emit(event).
+
+    No class is involved: a candidate can replace any attribute of any class it reaches (class attributes
+    are not audited), and Channel's methods would then see the command bytes, the flag included. These
+    closures look up no global name (a test disassembles them); emit streams one evidence message and
+    never raises (a closed peer ends the grading anyway).
+    """
+    read, write, unpack, size, limit, evidence = os.read, os.write, _HEADER.unpack, _HEADER.size, MAX_MESSAGE_BYTES, \
+        EVIDENCE
+    frame_, unframe_, lock, view, len_, join = frame, unframe, threading.Lock(), memoryview, len, b"".join
+    Blocked, OSError_, WireError_ = BlockingIOError, OSError, WireError
+
+    def read_exact(n: int) -> bytes:
+        chunks, got = [], 0
+        while got < n:
+            try:
+                chunk = read(read_fd, n - got if n - got < (1 << 20) else (1 << 20))
+            except Blocked:
+                continue
+            except OSError_ as exc:
+                raise WireError_(f"read failed: {exc}") from None
+            if not chunk:
+                raise WireError_("peer closed the channel")
+            chunks.append(chunk)
+            got += len_(chunk)
+        return join(chunks)
+
+    def recv_flagged() -> tuple[dict, int]:
+        length, flag = unpack(read_exact(size))
+        if length > limit:
+            raise WireError_(f"message of {length} bytes exceeds the {limit}-byte limit")
+        return unframe_(read_exact(length)), flag
+
+    def send(message: dict, flag: int = 0) -> None:
+        data = frame_(message, flag)
+        try:
+            with lock:
+                rest = view(data)
+                while rest:
+                    rest = rest[write(write_fd, rest):]
+        except OSError_ as exc:
+            raise WireError_(f"peer closed the channel ({exc.strerror})") from None
+
+    def emit(event: dict) -> None:
+        try:
+            send(event, evidence)
+        except WireError_:
+            pass
+
+    return recv_flagged, send, emit
 
 
 # -- trees of values and tensors ---------------------------------------------------------------

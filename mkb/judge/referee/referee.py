@@ -28,13 +28,15 @@ import torch  # noqa: E402
 
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
-from mkb.judge.candidate import wire  # noqa: E402
-from mkb.judge.referee import checks, policy, preflight, speed, stop, timing  # noqa: E402
+from mkb.judge.candidate import knock, wire  # noqa: E402
+from mkb.judge.referee import checks, evidence, knockout, policy, preflight, share, speed, stop, timing  # noqa: E402
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
+OUTRANKED = (Status.IMPORT_ERROR, Status.RUNTIME_ERROR, Status.INCORRECT, Status.WRONG_STRUCTURE, Status.CRASHED)
+"""Failures that a finding in the evidence stream (a refused or forbidden action) turns into policy_violation."""
 
 
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
@@ -55,7 +57,11 @@ class Referee:
         self.positions = mutated_positions(info, self.problem.reference)
         """(position, name) of the inputs the problem updates in place (MUTATES); graded after each call."""
         self.factor = float(spec["problem"].get("tolerance_factor", 3.0))
-        self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"])
+        self.stream = evidence.Stream()
+        """What the candidate process reports as it happens (wire.EVIDENCE messages on its channel)."""
+        self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"], sink=self.stream.add)
+        self.solves = 0
+        """solve commands sent so far: the index the stream files each draw's DSL calls under."""
         self.e = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"]) if "e_cmd_w" in spec else None
         """The eager harness (GPU timing only)."""
         self.kernel_loaded = False
@@ -125,6 +131,16 @@ class Referee:
         self.c.send(message)
         return self.c.recv()
 
+    def solve(self, tree: dict, slot_tree: dict, flag: int, plan: dict) -> tuple[dict, int]:
+        """One solve command (flag: its mode, knock.py); the reply and the index its evidence is filed under."""
+        index, self.solves = self.solves, self.solves + 1
+        self.stream.current = index
+        try:
+            self.c.send({"cmd": "solve", "inputs": tree, "slots": slot_tree, "plan": plan}, flag)
+            return self.c.recv(), index
+        finally:
+            self.stream.current = None
+
     def run(self) -> dict:
         try:
             return self._run()
@@ -163,10 +179,12 @@ class Referee:
         if not loaded.get("ok"):
             raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
                           traceback=loaded.get("traceback", ""))
-        first = self.correctness(upcoming)
-        evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"])
-        if self.dsl_applicable():
-            evidence.knockout_changed = self.knockout(*first)
+        self.correctness(upcoming)
+        evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"],
+                                   knockout=self.details.get("knockout"), policy=self.spec.get("dsl_policy", "paper"),
+                                   share_min=self.share_min())
+        if self.device != "cuda" and self.dsl_applicable():
+            self.profile_cpu(evidence)
         self.phase = "policy"
         evidence.report = self.report()
         self.enforce(policy.judge(evidence), final=self.device != "cuda" or self.spec["timing"] == "none")
@@ -180,10 +198,28 @@ class Referee:
     def dsl_applicable(self) -> bool:
         return self.device == "cuda" or self.dsl == Dsl.TIRX
 
-    def prepare_draw(self) -> tuple:
+    def profile_cpu(self, evidence: policy.Evidence) -> None:
+        """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
+        self.phase = "profile"
+        seed, inputs, ref, anchor, pristine = self.prepare_draw(graded=False)
+        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(inputs, "prof"), "calls": 3,
+                          "restore": [i for i, _ in self.positions]})
+        evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
+        self.details["dsl_share"] = evidence.share.get("share")
+        self.details["dsl_share_detail"] = evidence.share
+
+    def share_min(self) -> tuple[float, str]:
+        """The strict policy's floor on the DSL share: the problem's DSL_SHARE, else policy.STRICT_SHARE."""
+        problem = self.spec["problem"]
+        if problem.get("dsl_share_min") is not None:
+            return float(problem["dsl_share_min"]), str(problem.get("dsl_share_reason") or "")
+        return policy.STRICT_SHARE, ""
+
+    def prepare_draw(self, graded: bool = True) -> tuple:
         """A draw from a fresh seed: (seed, inputs, reference, anchor, pristine copy of the inputs)."""
         seed = secrets.randbits(63)
-        self.details["seeds"].append(seed)
+        if graded:
+            self.details["seeds"].append(seed)
         with self.step("inputs"):
             inputs = self.inputs(seed)
         with self.step("reference"):
@@ -192,46 +228,69 @@ class Referee:
             pristine = tree_map(inputs, lambda t: t.detach().to(self.place, copy=True))
         return seed, inputs, ref, anchor, pristine
 
-    def correctness(self, upcoming: tuple) -> tuple[Any, dict]:
-        """Five draws on fresh inputs (the first one already made); stops at the first error, but runs every draw
-        after a wrong answer so that the report can say how many of the five were correct (as the original).
-
-        Returns what the knock-out needs: draw 1's answer, its shared inputs (tree and tensors) and pristine copy.
-        """
+    def correctness(self, upcoming: tuple) -> None:
+        """Five graded draws on fresh inputs (the first already made, and observed), and where the DSL can run
+        the knock-outs and the repeat, interleaved at random (knockout.py); stops at the first error, but after
+        a wrong answer runs the remaining graded draws (no knock-out, no repeat) so that the report can say how
+        many of the five were correct (as the original)."""
         self.phase = "correctness"
         self.details["dsl_calls"] = []
-        out_digests, ref_digests, first, wrong = [], [], None, None
-        for d in range(N_DRAWS):
-            seed, inputs, ref, anchor, pristine = upcoming if d == 0 else self.prepare_draw()
-            with self.step("solve", each="solve_step_s"):
-                tree = self.transport.share(inputs, f"d{d}")
-                slot_tree, slots = self.transport.slots(ref[0], f"s{d}")
-                reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree,
-                                  "mode": "observe" if d == 0 else "normal"})
-            with self.step("read outputs"):
-                returned = self.judge_reply(reply, ref[0], slot_tree, slots, d)
-                after = self.read_inputs(tree, inputs)
-                out = (returned, self.updated(after))
-            self.details["dsl_calls"].append(reply.get("dsl_calls", {}))
-            with self.step("compare"):
-                draw = checks.compare_draw(seed, out, ref, anchor, self.factor, self.positions)
-            self.draws.append(draw)
-            with self.step("digests"):
-                out_digests.append(checks.digest(out))
-                ref_digests.append(checks.digest(ref))
-            if (stale := checks.ignores_inputs(out_digests, ref_digests)) is not None:
-                raise Failure(Status.INCORRECT, stale)
-            if not draw.ok:
-                wrong = wrong or checks.first_failure(draw, d)
+        digests: tuple[list, list] = ([], [])
+        knocks = self.dsl_applicable()
+        first, wrong = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
+        plan = self.stream.plan(0) if knocks else {}
+        results: dict = {}
+        graded = 1
+        for kind, which in knockout.schedule(N_DRAWS, knocks):
+            if wrong is not None and kind != "draw":
                 continue
-            with self.step("input guard"):
-                self.guard_inputs(reply, after, pristine, d)
-            if d == 0:
-                first = (out, tree, inputs, pristine)
-                self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+            if kind == "draw":  # graded draws are numbered in the order they ran
+                which, graded = graded, graded + 1
+            results.setdefault("order", []).append(f"{kind} {which}")
+            if kind == "draw":
+                miss = self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
+                wrong = wrong or miss
+            elif kind == "knockout":
+                self.phase = "knock-out"
+                results[which] = knockout.knocked_out(self, which, plan)
+                self.phase = "correctness"
+            else:
+                results["repeat"] = knockout.repeat(self, first, plan)
+                self.details["dsl_calls"].append(self.stream.calls_by_dsl(self.solves - 1))
         if wrong is not None:
             raise Failure(Status.INCORRECT, wrong)
-        return first
+        if knocks:
+            results["plan"] = {k: v["args"] for k, v in list(plan.items())[:20]}
+            self.details["knockout"] = results
+
+    def graded(self, d: int, draw: tuple, flag: int, plan: dict, digests: tuple[list, list]) -> tuple:
+        """Graded draw d: solve, read, compare, guard; raises Failure when it errs. What the repeat needs and why
+        the answer was wrong (None when it was right)."""
+        seed, inputs, ref, anchor, pristine = draw
+        with self.step("solve", each="solve_step_s"):
+            tree = self.transport.share(inputs, f"d{d}")
+            slot_tree, slots = self.transport.slots(ref[0], f"s{d}")
+            reply, index = self.solve(tree, slot_tree, flag, plan)
+        with self.step("read outputs"):
+            returned = self.judge_reply(reply, ref[0], slot_tree, slots, d)
+            after = self.read_inputs(tree, inputs)
+            out = (returned, self.updated(after))
+        self.details["dsl_calls"].append(self.stream.calls_by_dsl(index))
+        with self.step("compare"):
+            result = checks.compare_draw(seed, out, ref, anchor, self.factor, self.positions)
+        self.draws.append(result)
+        with self.step("digests"):
+            digests[0].append(checks.digest(out))
+            digests[1].append(checks.digest(ref))
+        if (stale := checks.ignores_inputs(*digests)) is not None:
+            raise Failure(Status.INCORRECT, stale)
+        if not result.ok:
+            return None, checks.first_failure(result, d)
+        with self.step("input guard"):
+            self.guard_inputs(reply, after, pristine, d)
+        if d == 0:
+            self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
+        return (out, tree, inputs, pristine, ref, anchor, seed), None
 
     def read_inputs(self, tree: dict, inputs: Any) -> Any:
         """The shared inputs as the candidate left them: themselves when judging on the GPU, else a host copy."""
@@ -271,38 +330,25 @@ class Referee:
                 "inputs must be left unchanged"
             raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; {only}")
 
-    def knockout(self, out0: Any, tree: dict, inputs: Any, pristine: Any) -> bool:
-        """Re-run draw 1 with the DSL calls skipped and their outputs poisoned; did the answer change?
-
-        The in-place inputs are first put back as drawn, so that the knocked-out call starts from the
-        same state as the graded one.
-        """
-        self.phase = "knock-out"
-        self.transport.restore(tree, inputs, pristine, [i for i, _ in self.positions])
-        slot_tree, slots = self.transport.slots(out0[0], "ko")
-        reply = self.ask({"cmd": "solve", "inputs": tree, "slots": slot_tree, "mode": "knockout"})
-        self.details["knockout"] = {"ok": reply.get("ok"), "dsl_calls": reply.get("dsl_calls"),
-                                    "error": reply.get("error")}
-        if not reply.get("ok") or not reply.get("copied"):
-            return True  # without the DSL calls solve() failed outright: its result depends on them
-        updated = self.updated(self.read_inputs(tree, inputs)) if self.positions else ()
-        return checks.changed((self.transport.read(slot_tree, slots, self.place), updated), out0)
-
     def report(self) -> dict:
+        """Ask the harness for its last report (it streams its findings and fingerprint first); the stream's summary."""
         reply = self.ask({"cmd": "report"})
-        self.details["candidate"] = {k: reply.get(k) for k in ("built", "called", "findings", "patched",
-                                                                "forbidden_modules")}
-        return reply
+        summary = self.stream.summary()
+        summary["forbidden_modules"] = reply.get("forbidden_modules") if isinstance(reply.get("forbidden_modules"),
+                                                                                  list) else []
+        self.details["candidate"] = summary
+        return summary
 
     def enforce(self, verdict: policy.Verdict, final: bool) -> None:
         self.details["dsl_checks"] = verdict.checks
+        self.details["dsl_policy"] = verdict.policy
         self.details["launched_kernels"] = [k.model_dump() for k in verdict.kernels]
         self.dsl_check = verdict.dsl_check
         if verdict.violations:
             raise Failure(Status.POLICY_VIOLATION, "; ".join(verdict.violations))
         failed = {k for k, v in verdict.checks.items() if v == Check.FAILED}
-        if failed - ({"trace"} if not final else set()):
-            raise Failure(Status.POLICY_VIOLATION, policy.dsl_failure_message(str(self.dsl), verdict.checks))
+        if failed - ({"trace", "share"} if not final else set()):
+            raise Failure(Status.POLICY_VIOLATION, verdict.message)
 
     def stop_candidate(self) -> dict:
         """End the candidate's processes, confirmed by the judge's parent (stop.py); the parent's account."""
@@ -318,12 +364,19 @@ class Referee:
 
     def time(self, evidence: policy.Evidence) -> dict:
         result = speed.measure(self, evidence)  # it names its own phases, "timing: eager" first
+        self.details["dsl_share"] = (evidence.share or {}).get("share")
+        self.details["dsl_share_detail"] = evidence.share
         self.enforce(policy.judge(evidence), final=True)
         return result
 
     def verdict(self, status: Status, message: str, **extra) -> dict:
         self.phase = "verdict"
         status, message = charged(status, message, self.kernel_loaded)
+        if status in OUTRANKED and (self.stream.findings or self.stream.patched):
+            # what the kernel did that is forbidden explains the failure better than how it then failed
+            found = self.stream.findings + [f"replaced {name}" for name in self.stream.patched[:3]]
+            status, message = Status.POLICY_VIOLATION, "; ".join(found) + f" (then: {message})"
+            self.details["candidate"] = self.stream.summary()
         details = dict(self.details)
         details.update({k: v for k, v in extra.items() if k not in ("kernel_ms", "eager_ms", "speedup")})
         record = {"status": str(status), "message": message, "draws": [d.model_dump() for d in self.draws],

@@ -25,7 +25,7 @@ import torch
 
 from mkb import tensortree as tt
 from mkb.judge.candidate import wire
-from mkb.judge.referee import checks, cpus, policy, timing
+from mkb.judge.referee import checks, cpus, policy, share, timing
 from mkb.judge.referee.verdict import Failure
 from mkb.records import Status
 
@@ -110,6 +110,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
                            "restore": [i for i, _ in referee.positions]})
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
+    evidence.share = share.measure(profile, referee.stream.built, str(referee.dsl))
     referee.phase = "timing: stop candidate"
     referee.details["candidate_stop"] = referee.stop_candidate()
     referee.phase = "timing: eager"

@@ -1,0 +1,258 @@
+"""The sealed core of the DSL hooks: each genuine DSL call counted and reported, observed or knocked out.
+
+make_core() builds it once, before kernel.py is imported, as closures over what it uses (torch's and the
+standard library's functions, captured then). Nothing but the public hooks' default arguments and the
+import watcher's refer to it, and the seal refuses the candidate __defaults__, frames and the garbage
+collector, so its functions are unreachable; their code looks up no global name (a test disassembles
+them), so replacing names in a module's dict later changes nothing here.
+
+A correctness draw's mode reaches the harness as the command's flag (wire.py) and the harness hands it to
+the core for the duration of solve() (core["draw"]); only the core's closures hold it then. Modes:
+
+- OBSERVE (the first draw): run the call; report which tensor arguments it wrote, their scale, its time.
+- KNOCK_NAN, KNOCK_NOISE: skip the call, wait the time it took when observed, and overwrite what it wrote
+  then: with NaN (bitwise-not for integers), or with finite noise at the observed scale, which neither a
+  NaN check nor `0 * x` can tell from an answer.
+- NORMAL (after the observed draw): run the call, then do the knock-out's writes on scratch copies, so
+  that a call takes about as long either way.
+
+Every genuine call of a draw is reported ("call" evidence) alike in every mode: the referee, which chose
+the mode, knows which draw was knocked out. Only plain torch tensors are observed or overwritten; a
+torch dispatch or function mode active during a DSL call is refused in every mode.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable
+
+import torch
+
+NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE = 0, 1, 2, 3
+"""Flags of a solve command (wire.py): the draw's mode."""
+
+
+MODE, PLAN, DEPTH, COMPILING = range(4)
+"""A draw's state is a plain list [mode, plan, depth, compiling]: built-in types only, because a candidate
+can replace any attribute of any class it reaches (class attributes are not audited)."""
+
+
+def new_state(mode: int, plan) -> list:
+    """A draw's state: mode (a flag value) and the referee's plan, key -> {"args", "stats", "s"}."""
+    return [mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
+
+
+def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> dict:
+    """The core (a dict of closures), reporting through emit and finding.
+
+    The harness hands it each draw's state with core["draw"](state) before solve() and core["draw"](None)
+    after: the state then lives only in a cell of these closures, which nothing the candidate reaches
+    refers to, and a call outside a draw (the timed and profiled calls) costs a lookup, not a search.
+    """
+    perf, urandom = time.perf_counter, os.urandom
+    normal, observe, knock_nan, knock_noise = NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE
+    i_mode, i_plan, i_depth, i_compiling = MODE, PLAN, DEPTH, COMPILING
+    Tensor, empty, generator_of, from_dlpack = torch.Tensor, torch.empty, torch.Generator, torch.from_dlpack
+    no_grad, record_function = torch.no_grad, torch.autograd.profiler.record_function
+    profiling, dispatch_depth = torch.autograd._profiler_enabled, torch._C._len_torch_dispatch_stack
+    function_depth = torch._C._len_torch_function_stack
+    f32, u8, nan, tbool = torch.float32, torch.uint8, float("nan"), torch.bool
+    t_clone, t_equal, t_fill, t_copy = Tensor.clone, torch.equal, Tensor.fill_, Tensor.copy_
+    t_view, t_reshape, t_contig, t_detach = Tensor.view, Tensor.reshape, Tensor.contiguous, Tensor.detach
+    t_not, t_lnot, t_normal, t_clamp, t_random = (Tensor.bitwise_not_, Tensor.logical_not_, Tensor.normal_,
+                                                  Tensor.clamp_, Tensor.random_)
+    t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
+        torch.isfinite, Tensor.double, Tensor.mean, Tensor.std, Tensor.min, Tensor.max, Tensor.item, Tensor.numel)
+    t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
+    dtype_of = Tensor.dtype.__get__
+    device_of = Tensor.device.__get__
+    shape_of = Tensor.shape.__get__
+    is_float = Tensor.is_floating_point
+    is_complex = Tensor.is_complex
+    type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
+    dict_, list_, enumerate_, hasattr_, id_ = dict, list, enumerate, hasattr, id
+    Exception_, PermissionError_ = Exception, PermissionError
+    registry: dict[int, tuple] = {}
+    """id(genuine object) -> (dsl, callable, key, symbols); the objects themselves are kept alive in keep."""
+    keep: list = []
+    generators: dict = {}
+    active = [0]
+    """DSL calls and compiles under way, in or out of a draw (NVRTC and module loads inside them are the DSL's)."""
+
+    current: list = [None]
+
+    def draw(state) -> None:
+        current[0] = state
+
+    def find_state():
+        return current[0]
+
+    def tensor_args(args: tuple, kwargs: dict) -> dict:
+        """Position ("0", "kw:name") -> plain tensor, for every tensor or DLPack argument."""
+        found = {}
+        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in kwargs.items()]:
+            kind = type_(value)
+            if kind is Tensor:
+                found[str_(position)] = value
+            elif kind is not type_ and hasattr_(kind, "__dlpack__"):
+                try:
+                    converted = from_dlpack(value)
+                except Exception_:  # not every DLPack-looking object converts: not tracked
+                    continue
+                if type_(converted) is Tensor:
+                    found[str_(position)] = converted
+        return found
+
+    def bits(t):
+        return t_view(t_reshape(t_contig(t_detach(t)), -1), u8)
+
+    def stats(t) -> dict | None:
+        if t_numel(t) == 0:
+            return None
+        dtype = dtype_of(t)
+        if dtype is tbool:
+            return {"p": float_(t_item(t_mean(t_float(t))))}
+        if is_float(t):
+            finite = t_getitem(t_float(t), t_isfinite(t))
+            if t_numel(finite) == 0:
+                return None
+            std = float_(t_item(t_std(finite))) if t_numel(finite) > 1 else 0.0
+            return {"mean": float_(t_item(t_mean(finite))), "std": std, "lo": float_(t_item(t_min(finite))),
+                    "hi": float_(t_item(t_max(finite)))}
+        if is_complex(t):
+            return None
+        return {"lo": int_(t_item(t_min(t))), "hi": int_(t_item(t_max(t)))}
+
+    def generator(device):
+        key = str_(device)
+        if key not in generators:
+            made = generator_of(device=device)
+            seed_of(made, int_.from_bytes(urandom(8), "little") >> 1)
+            generators[key] = made
+        return generators[key]
+
+    def overwrite(t, mode: int, seen) -> None:
+        """Poison t in place: NaN / bitwise-not, or noise at the observed scale."""
+        dtype = dtype_of(t)
+        if mode == knock_nan:
+            if dtype is tbool:
+                t_lnot(t)
+            elif is_float(t) or is_complex(t):
+                t_fill(t, nan)
+            else:
+                t_not(t)
+            return
+        gen, seen = generator(device_of(t)), seen if type_(seen) is dict_ else {}
+        noise = empty(shape_of(t), dtype=f32, device=device_of(t))
+        if dtype is tbool:
+            p = float_(seen.get("p", 0.5))
+            t_uniform(noise, 0.0, 1.0, generator=gen)
+            t_copy(t, t_lt(noise, p if 0.0 < p < 1.0 else 0.5))
+        elif is_float(t):
+            mean, std = float_(seen.get("mean", 0.0)), float_(seen.get("std", 1.0))
+            scale = std if std > 0 else max_(abs_(mean), 1.0) * 0.5
+            t_normal(noise, mean, scale, generator=gen)
+            t_clamp(noise, float_(seen.get("lo", mean - 4 * scale)) - scale, float_(seen.get("hi", mean + 4 * scale)) + scale)
+            t_copy(t, noise)
+        elif not is_complex(t):
+            lo, hi = int_(seen.get("lo", 0)), int_(seen.get("hi", 0))
+            if lo >= hi:
+                t_not(t)
+                return
+            ints = empty(shape_of(t), dtype=dtype, device=device_of(t))
+            t_random(ints, lo, hi + 1, generator=gen)
+            t_copy(t, ints)
+
+    def pad(seconds) -> None:
+        until = perf() + (float_(seconds) if type_(seconds) in (int_, float_) and 0 < seconds < 5 else 0.0)
+        while perf() < until:
+            pass
+
+    def knock(tensors: dict, entry: dict, mode: int, scratch: bool) -> None:
+        """The knock-out's writes on the tensors the call wrote when observed (on copies when scratch)."""
+        seen = entry.get("stats") if type_(entry.get("stats")) is dict_ else {}
+        for position in entry.get("args", ()):
+            t = tensors.get(str_(position))
+            if t is None:
+                continue
+            overwrite(t_clone(t) if scratch else t, knock_noise if mode == normal else mode, seen.get(str_(position)))
+
+    def run(call, args, kwargs):
+        active[0] += 1
+        try:
+            if profiling():
+                with record_function("mkb_dsl"):
+                    return call(*args, **kwargs)
+            return call(*args, **kwargs)
+        finally:
+            active[0] -= 1
+
+    def dsl_call(obj, fallback, args: tuple, kwargs: dict):
+        """Run one call of obj; fallback(*args, **kwargs) when obj is not a callable the DSL built here."""
+        entry = registry.get(id_(obj))
+        if entry is None:
+            return fallback(*args, **kwargs)
+        dsl, call, key, symbols = entry
+        state = find_state()
+        if state is None or state[i_depth] or state[i_compiling]:
+            return run(call, args, kwargs)
+        if dispatch_depth() or function_depth():
+            finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
+            raise PermissionError_("no torch dispatch or function mode may be active during a DSL call")
+        state[i_depth] += 1
+        try:
+            tensors = tensor_args(args, kwargs)
+            mode, planned = state[i_mode], state[i_plan].get(key)
+            with no_grad():
+                if mode == observe:
+                    before = {p: t_clone(t) for p, t in tensors.items()}
+                    started = perf()
+                    result = run(call, args, kwargs)
+                    took = perf() - started
+                    written = [p for p, t in tensors.items() if not t_equal(bits(t), bits(before[p]))]
+                    emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
+                          "stats": {p: stats(tensors[p]) for p in written}, "s": took})
+                    return result
+                if mode == knock_nan or mode == knock_noise:
+                    result = None
+                    if type_(planned) is dict_:
+                        pad(planned.get("s"))
+                        knock(tensors, planned, mode, scratch=False)
+                else:
+                    result = run(call, args, kwargs)
+                    if type_(planned) is dict_:
+                        knock(tensors, planned, normal, scratch=True)
+            emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
+            return result
+        finally:
+            state[i_depth] -= 1
+
+    def register(obj, dsl: str, call, key: str, symbols: list) -> None:
+        if id_(obj) not in registry:
+            keep.append(obj)
+        registry[id_(obj)] = (dsl, call, key, list_(symbols))
+
+    def genuine(obj) -> bool:
+        return id_(obj) in registry
+
+    def built(dsl: str, symbols: list) -> None:
+        emit({"ev": "built", "dsl": dsl, "symbols": [str_(s) for s in symbols]})
+
+    def compile_scope(fn, args: tuple, kwargs: dict):
+        state = find_state()
+        if state is not None:
+            state[i_compiling] += 1
+        active[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            active[0] -= 1
+            if state is not None:
+                state[i_compiling] -= 1
+
+    def inside() -> bool:
+        return active[0] > 0
+
+    return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
+            "compile_scope": compile_scope, "inside": inside, "draw": draw}

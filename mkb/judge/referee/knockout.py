@@ -1,0 +1,111 @@
+"""The knock-out that proves the declared DSL computes the answer, and the repeat that guards it.
+
+After the observed draw (the first graded draw: the candidate's hooks learn which tensor arguments each
+genuine DSL callable writes, at what scale and in how long), the referee runs, in an order it draws from
+a CSPRNG, the other graded draws, two knocked-out draws on fresh inputs and a repeat of the first draw's
+inputs. Every one of them is a solve() command that looks like any other to the candidate's code: the
+mode travels only as the command's flag into the harness's solve frame (wire.py, knock.py).
+
+- A knocked-out draw skips every genuine DSL call and overwrites what it wrote: with NaN (bitwise-not
+  for integers), or with finite noise at the scale the call's outputs had (so `0 * x`, a NaN check or
+  a range check cannot hide the loss). Its answer must come back *incorrect* against the reference
+  under the problem's tolerance (or solve() must fail) -- different bits are not enough -- and the draw
+  must have made at least one DSL call, for both poisons.
+- The repeat runs the first draw's inputs again, not knocked out: its answer must be correct. An answer
+  that changes beyond the tolerance between two identical calls is `incorrect`, and a kernel that
+  sabotages repeated inputs to fake a knock-out fails here.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from mkb.judge.candidate import knock
+from mkb.judge.referee import checks
+from mkb.judge.referee.verdict import Failure
+from mkb.records import Check, Status
+
+POISONS = {"nan": knock.KNOCK_NAN, "noise": knock.KNOCK_NOISE}
+"""The knock-out's two overwrites, by the name records use."""
+
+
+def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
+    """The draws after the observed one, in an order drawn from a CSPRNG: graded 1..graded-1 and, with
+    knocks, the two knock-outs and the repeat."""
+    steps: list[tuple[str, object]] = [("draw", d) for d in range(1, graded)]
+    if knocks:
+        steps += [("knockout", name) for name in POISONS] + [("repeat", 0)]
+    secrets.SystemRandom().shuffle(steps)
+    return steps
+
+
+def knocked_out(referee, poison: str, plan: dict) -> dict:
+    """One knocked-out draw on fresh inputs; what it showed (the record's details.knockout[poison])."""
+    seed, inputs, ref, anchor, _ = referee.prepare_draw(graded=False)
+    tree = referee.transport.share(inputs, f"k{poison}")
+    slot_tree, slots = referee.transport.slots(ref[0], f"k{poison}s")
+    reply, index = referee.solve(tree, slot_tree, POISONS[poison], plan)
+    calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
+    result = {"seed": seed, "dsl_calls": calls}
+    problem = _failed_outright(reply, ref[0], referee)
+    if problem is not None:
+        result.update(incorrect=True, how=problem)
+    else:
+        out = (referee.transport.read(slot_tree, slots, referee.place),
+               referee.updated(referee.read_inputs(tree, inputs)))
+        draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
+        result.update(incorrect=not draw.ok,
+                      how=checks.first_failure(draw, 0).removeprefix("draw 1: ") if not draw.ok else "correct")
+    result["evidence"] = bool(result["incorrect"] and calls >= 1)
+    return result
+
+
+def _failed_outright(reply: dict, ref, referee) -> str | None:
+    """Why a knocked-out solve() gave no comparable answer (raised, wrong structure, unreadable), or None."""
+    if not reply.get("ok"):
+        return f"solve() failed: {str(reply.get('error'))[:200]}"
+    problem = checks.structure_problem(reply.get("outputs", {}), checks.describe(ref, referee.device))
+    if problem is not None:
+        return f"wrong structure: {problem}"
+    return None if reply.get("copied") else "outputs not readable"
+
+
+def repeat(referee, first: tuple, plan: dict) -> dict:
+    """The first draw's inputs once more, not knocked out: its answer must still be correct."""
+    out0, tree, inputs, pristine, ref, anchor, seed = first
+    referee.transport.restore(tree, inputs, pristine, [i for i, _ in referee.positions])
+    slot_tree, slots = referee.transport.slots(out0[0], "rep")
+    reply, index = referee.solve(tree, slot_tree, knock.NORMAL, plan)
+    returned = referee.judge_reply(reply, ref[0], slot_tree, slots, 0)
+    after = referee.read_inputs(tree, inputs)
+    out = (returned, referee.updated(after))
+    draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
+    if not draw.ok:
+        raise Failure(Status.INCORRECT, "the first draw's inputs, given again: " + checks.first_failure(draw, 0)
+                      .removeprefix("draw 1: ") + " (the answer changed between two identical calls beyond the "
+                                                  "tolerance)")
+    referee.guard_inputs(reply, after, pristine, 0)
+    return {"correct": True, "bits_equal": not checks.changed(out, out0),
+            "dsl_calls": referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)}
+
+
+def check(results: dict | None) -> str:
+    """The knock-out sub-check: passed when both poisons left an incorrect answer after real DSL calls."""
+    if not results:
+        return Check.NOT_CHECKED
+    return Check.PASSED if all(results.get(p, {}).get("evidence") for p in POISONS) else Check.FAILED
+
+
+def failure_message(dsl: str, results: dict) -> str:
+    """Why the knock-out failed, in the agent's terms."""
+    for poison in POISONS:
+        found = results.get(poison, {})
+        if found.get("evidence"):
+            continue
+        if not found.get("dsl_calls"):
+            return (f"a solve() call that was checked made no {dsl} call: every call must run the {dsl} kernel "
+                    f"(poison: {poison})")
+        return (f"with the {dsl} calls knocked out (their outputs overwritten with {poison}), solve() still "
+                f"returned a correct answer: the {dsl} kernel does not compute the answer (it is decorative, "
+                f"or its result is multiplied away); a returned tensor must be computed by it")
+    return "knock-out failed"

@@ -1,0 +1,93 @@
+"""The declared DSL's share of the candidate's profiled device time per call (details.dsl_share, issue #24).
+
+One call, from speed.py after the profiled calls: measure(profile, built, dsl). A kernel instance counts
+for the DSL only when all of these hold:
+
+- its name is a symbol the DSL runtime built in this grading (the stream's "built" evidence), and a
+  plain identifier, as every CuTe DSL and TIRx kernel name is (ATen's templated names never are);
+- its launch (the CUDA runtime or driver call the profiler correlates with it) happened inside a
+  genuine DSL call (the hooks' `mkb_dsl` range) and outside every ATen operator: torch kernels that a
+  kernel launches from inside a DSL call path (a callback, a DLPack conversion) sit inside an ATen
+  operator and count as torch; a kernel the profiler saw without a launch record counts by its name;
+- no instance of the same name was launched by an ATen operator (a DSL kernel named like one of
+  torch's is not told apart from it, so neither counts).
+
+The total is every kernel, memcpy and memset the profiled calls ran. The share is DSL time / total time,
+over the profiled calls (the same calls for both, so it is also the mean per call's ratio of sums).
+
+On CPU (the judge's test mode: TIRx on the llvm target) there is no device time; the share there is the
+time inside genuine DSL calls that no ATen operator took, over the time of DSL calls and ATen operators
+together (Python between them counts for neither). Work done outside torch and the DSL (numpy on the
+host, say) is invisible to both measures.
+"""
+
+from __future__ import annotations
+
+import re
+
+from mkb.judge.referee.policy import origin
+
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+COUNTED = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def bare(name: str) -> str:
+    """A profiler kernel name without `void ` and its signature."""
+    return name.split("(")[0].strip().removeprefix("void ").strip()
+
+
+def measure(profile: dict | None, built: dict[str, set[str]] | dict[str, list[str]], dsl: str) -> dict:
+    """The share and how it was reached: share (None without a usable profile), per-call ms of the DSL's
+    kernels and of all device work, ms per origin, and the DSL-named kernels that did not count, with why."""
+    if (profile or {}).get("ok") and profile.get("cpu"):
+        return _cpu(profile)
+    instances = (profile or {}).get("instances") if (profile or {}).get("ok") else None
+    if not instances:
+        return {"share": None, "why": "no profile of solve()" if not profile else
+                (profile.get("error") or "the profile recorded no kernels")}
+    calls = max(len(profile.get("calls") or []), 1)
+    symbols = {k: list(v) for k, v in built.items()}
+    torch_launched = {i["name"] for i in instances if i.get("launch") == "aten"}
+    total_us, dsl_us, by_origin, excluded = 0.0, 0.0, {}, {}
+    for inst in instances:
+        if inst.get("cat") not in COUNTED:
+            continue
+        dur = float(inst.get("dur") or 0.0)
+        total_us += dur
+        kind = origin(inst["name"], symbols) if inst.get("cat") == "kernel" else "torch"
+        why = _excluded(inst, kind, dsl, torch_launched)
+        if kind == dsl and why is None:
+            dsl_us += dur
+        elif kind == dsl:
+            excluded.setdefault(inst["name"][:120], why)
+            kind = "excluded"
+        by_origin[kind] = by_origin.get(kind, 0.0) + dur
+    return {"share": dsl_us / total_us if total_us > 0 else None,
+            "dsl_ms": dsl_us / calls / 1e3, "total_ms": total_us / calls / 1e3, "calls": calls,
+            "by_origin_ms": {k: v / calls / 1e3 for k, v in sorted(by_origin.items())},
+            "excluded": [{"name": n, "why": w} for n, w in list(excluded.items())[:20]]}
+
+
+def _cpu(profile: dict) -> dict:
+    """On CPU (tests, CI): DSL time no ATen operator took / the time of DSL calls and ATen operators together."""
+    calls = [c for c in profile.get("calls") or [] if isinstance(c, dict)]
+    dsl = sum(float(c.get("dsl_us") or 0.0) for c in calls)
+    total = sum(float(c.get("total_us") or 0.0) for c in calls)
+    n = max(len(calls), 1)
+    return {"share": dsl / total if total > 0 else None, "basis": "cpu time (DSL calls vs ATen operators)",
+            "dsl_ms": dsl / n / 1e3, "total_ms": total / n / 1e3, "calls": len(calls),
+            **({} if total > 0 else {"why": "neither a DSL call nor a torch operator ran in solve()"})}
+
+
+def _excluded(inst: dict, kind: str, dsl: str, torch_launched: set[str]) -> str | None:
+    if kind != dsl:
+        return None
+    if not IDENTIFIER.fullmatch(bare(inst["name"])):
+        return "not a plain identifier (DSL kernels have one)"
+    if inst.get("launch") == "aten":
+        return "launched inside a torch operator"
+    if inst.get("launch") == "other":
+        return "launched outside every DSL call"
+    if inst["name"] in torch_launched:
+        return "a kernel of the same name was launched by a torch operator"
+    return None
