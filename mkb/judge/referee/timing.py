@@ -144,7 +144,7 @@ def settle(event: torch.cuda.Event, limit_s: float, why: str) -> None:
     deadline = time.monotonic() + limit_s
     while not event.query():
         if time.monotonic() > deadline:
-            raise TimingError(f"{why} within {limit_s:.0f} s", "timeout")
+            raise TimingError(f"{why} within {limit_s:g} s", "timeout")
         time.sleep(0)
 
 
