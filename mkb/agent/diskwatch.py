@@ -161,10 +161,9 @@ class DiskWatch:
         self.allowed = {}
         self.before: dict[str, set[tuple[int, int]]] = {}
         """The entries each directory held when the command started."""
-        for label, d in self.dirs.items():
-            now = self._prune(label, usage(d))
+        for label, d in self.dirs.items():  # one walk: what a prune removes may stay in before, it is gone anyway
             self.before[label] = set()
-            usage(d, self.before[label])
+            now = self._prune(label, usage(d, self.before[label]))
             self.allowed[label] = (max(limits.disk_mb * MIB, now.bytes), max(limits.files, now.entries))
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="disk-watch", daemon=True)
