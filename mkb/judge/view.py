@@ -76,7 +76,9 @@ class View:
                    tuple(gpu_nodes(visible_devices)) if gpu else (), tmp_bytes, pythonpath)
 
     def bwrap_args(self) -> list[str]:
-        args: list[str] = []
+        # The private /tmp first: a toolchain under /tmp (a checkout's .venv there) is then bound on top of it,
+        # not hidden by it.
+        args: list[str] = ["--size", str(self.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
         for target, path in self.symlinks:
             args += ["--symlink", target, path]
         mounts = [(path, "--ro-bind") for path in self.readonly] + [(path, "--tmpfs") for path in self.hidden]
@@ -87,8 +89,7 @@ class View:
             args += ["--dev-bind", node, node]
         for part in SYS_PARTS:
             args += ["--ro-bind-try", part, part]
-        args += ["--bind", "/dev/shm", "/dev/shm",
-                 "--size", str(self.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
+        args += ["--bind", "/dev/shm", "/dev/shm"]
         for host, inside in self.placed:
             args += ["--ro-bind", host, inside]
         return args + ["--chdir", "/tmp"]
