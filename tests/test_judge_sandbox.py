@@ -331,3 +331,14 @@ def test_the_sandbox_holds_on_the_gpu():
     assert cell["consumer"]["memory_with_torch_event"] == check.EXPECTED_SUM, cell
     rows = check.attacks()
     assert all(row["ok"] for row in rows), [row for row in rows if not row["ok"]]
+
+
+def test_a_toolchain_under_tmp_is_bound_over_the_cells_private_tmp():
+    """A checkout (and its .venv) under /tmp: the cell's private /tmp must not hide the interpreter."""
+    from mkb.judge.view import View
+
+    venv = "/tmp/clone/.venv"
+    args = View(readonly=("/usr", venv), symlinks=(), hidden=(), placed=(), devices=(), tmp_bytes=1 << 20).bwrap_args()
+    tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    bind = next(i for i in range(len(args) - 2) if args[i:i + 3] == ["--ro-bind", venv, venv])
+    assert tmp < bind and args.count("/tmp") == 2  # mounted once, then the venv on top of it (and --chdir /tmp)
