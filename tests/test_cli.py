@@ -189,6 +189,8 @@ def test_readme_layout_table_matches_the_tree():
     import re
 
     root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout (the Docker image holds only the parts mkb runs from): the layout is the repo's")
     text = (root / "README.md").read_text()
     table = text[text.index("## Layout"):text.index("## Commands")]
     named = {p for row in table.splitlines() if row.startswith("| `") for p in re.findall(r"`([^`]+)`", row.split("|")[1])}

@@ -79,7 +79,8 @@ def bwrap_prefix(root: Path, tmp: Path, hide: Iterable[Path], shm_mb: int) -> li
     masks = sorted({m for m in masks if m.exists()} | {m.with_name(m.name + ".wal") for m in masks if m.is_file()
                                                          and m.with_name(m.name + ".wal").exists()})
     late = [m for m in masks if any(m.is_relative_to(t) for t in tools)]
-    early = [m for m in masks if m not in late and any(m.is_relative_to(t) for t in SYSTEM_DIRS)]
+    early = _outermost([m for m in masks if m not in late and any(m.is_relative_to(t) for t in SYSTEM_DIRS)])
+    late = _outermost(late)
     args += _masks(early)
     # /tmp first: a toolchain that lives under /tmp (a checkout there, as in CI) is bound on top of it
     args += ["--bind", str(tmp), "/tmp"]
@@ -91,6 +92,12 @@ def bwrap_prefix(root: Path, tmp: Path, hide: Iterable[Path], shm_mb: int) -> li
     for top in ["/dev", *(str(m) for m in early + late if m.is_dir()), "/"]:
         args += ["--remount-ro", top]
     return args + ["--chdir", WORKDIR, "--"]
+
+
+def _outermost(masks: list[Path]) -> list[Path]:
+    """The masks not inside another directory mask of the same phase: the outer empty tmpfs already hides them,
+    and mounting one there would leave an empty mount point to be seen (e.g. problems/solutions in the checkout)."""
+    return [m for m in masks if not any(o != m and o.is_dir() and m.is_relative_to(o) for o in masks)]
 
 
 def _masks(paths: Iterable[Path]) -> list[str]:
