@@ -42,7 +42,6 @@ wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
-_current_stream = torch.cuda.current_stream
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -71,7 +70,7 @@ class Candidate:
         self.recv, self.send, self.emit = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
         self.fingerprint = None
         self.solve = None
-        self.pool, self.slots, self.events = [], None, {}
+        self.pool, self.slots = [], None
         self.observed: dict = {"role": spec["role"], "findings": []}
         self.new_state, self.describe, self.copy_into = knock.new_state, guards.describe, guards.copy_into
         self.draw = lambda state: None
@@ -208,20 +207,17 @@ class Candidate:
                 pass
         self.pool = [self._open(tree) for tree in msg["pool"]]
         self.slots = self._open(msg["slots"])
-        self.events = dict(zip(("a", "b"), wire.signals(msg["signals"])))
         os.set_blocking(self.spec["cmd_fd"], False)  # busy-poll: see wire.Channel.spin
         return {"ok": True}
 
     def cmd_timed(self, msg: dict) -> None:
-        """One bracketed call: wait for the referee's start event, solve, synchronise, record B, report.
+        """One bracketed call: solve, synchronise, report "launched" (the referee's clock stops), then the figures.
 
         The window between the start event and `synced` is the original grader's (metakernelbench's
         median_ms): record start, call solve(), synchronise the host with the device, record the end.
         Nothing else happens inside it but the `returned` event (today's in-process figure, when solve()
-        came back); the referee learns of the call only after it, so its stream stays idle meanwhile.
+        came back); the referee reads its own clock before it sends the call and when "launched" comes.
         """
-        stream = _current_stream()
-        self.events["a"].wait_next(stream)
         start, returned, synced = (_Event(enable_timing=True) for _ in range(3))
         start.record()
         out = None
@@ -234,8 +230,6 @@ class Candidate:
         returned.record()
         _sync()
         synced.record()
-        self.events["b"].record(stream)
-        _sync()  # B written before "launched": the referee's wait then finds it given (an unwritten one costs ~0.3 ms)
         self.send({"ok": True, "launched": msg["k"]})
         copied = msg.get("null") or self.copy_into(self.slots, out)
         _sync()

@@ -89,11 +89,6 @@ def _pci_bus_id() -> str | None:
     return bus
 
 
-def _signals(referee, tag: str) -> tuple[dict, torch.Tensor]:
-    """A bracket's two signal slots, from the shared pool (the harness maps and writes them)."""
-    return referee.transport.slots(torch.zeros(2, dtype=torch.int32), tag)
-
-
 def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode, timed_eager = referee.spec["timing"], referee.spec.get("eager", "time") == "time"
     probe = referee.inputs(secrets.randbits(63))
@@ -118,7 +113,6 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     clocks_after = timing.clocks()
     kernel = timing.summarize(kernel_runs, null)
     eager_fig = timing.summarize(eager_runs, null) if eager_runs else None
-    _cross_check(kernel, profile)
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     device_ms = _per_call_ms(profile, "device_us")
     eager_device_ms = _per_call_ms(eager_profile, "device_us") if eager_profile else None
@@ -133,6 +127,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
         gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
              "l2_bytes": getattr(props, "L2_cache_size", None)},
         solve_calls=timing.WARMUP + timing.TIMED + 2 + len(referee.draws) + timing.PROFILED)
+    _cross_check(kernel, profile)  # after the figures are in details: a refused grading shows what it was refused on
     kernel_ms = kernel["sync_ms"]
     eager_ms = eager_fig["sync_ms"] if eager_fig else None
     return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if eager_ms else None}
@@ -149,7 +144,7 @@ def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tu
             snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slot_tree, c_slots, referee.place),
                                             referee.updated(pool.sets[s])))
 
-    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, _signals(referee, "sc"), cpu=timed_cpu)
+    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, cpu=timed_cpu)
     runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     referee.c.spin = False
     return runs, snapshots, picks
@@ -161,7 +156,7 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
     eager = _eager(referee, load=timed)
     try:
         e_slots, _ = referee.transport.slots(referee.like, "te")
-        e_bracket = timing.Bracket(eager, pool, e_slots, _signals(referee, "se"), cpu=timed_cpu)
+        e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
         runs = timing.run_calls(e_bracket, pool, flush=flush) if timed else []
         eager.spin = False

@@ -1,24 +1,28 @@
-"""Trusted GPU timing across processes: CUDA events owned by the referee bracket each solve() call.
+"""Trusted timing across processes: the referee's own clock brackets each solve() call.
 
 Threat model. The candidate process can replace any Python or torch function it can reach, so
 no clock inside it is trusted. The referee (a separate process that never imports the candidate)
-owns the clocks: per call it records a timing event T0 and an interprocess signal A on its own
-stream, then tells the harness to go. The harness's stream waits on A; it records its own start
+owns the trusted clock: per call it synchronises its device (the pool refill and the L2 flush are
+done), reads its host clock (T0) and tells the harness to go. The harness records its own start
 event, calls solve(), synchronises the host with the device (the original grader's window) and
-records its end event, then records the interprocess signal B, waits until B is written and says
-"launched"; the referee's stream waits on B and records T1. T1 - T0 is the call's time on the GPU's
-own clock, which a monkeypatched timer cannot touch. The referee hears of the call only after the
-harness's window has closed, so its own context stays idle inside that window. Both sides busy-poll
-their pipes while timing, so a message costs microseconds, not a scheduler wake-up. (Signals are
-wire.Signal, a count in shared device memory: CUDA IPC events do not open inside the sandbox's
-cells. A stream wait on a signal not yet written costs ~0.3 ms more on the H200, measured
-2026-12-03; one already written costs nothing, hence B is written before "launched".)
+records its end event, then answers "launched"; the referee reads its clock again (T1). The
+harness's whole window lies inside [T0, T1], which a monkeypatched timer in the candidate cannot
+touch, and the referee does nothing on the GPU meanwhile. Both sides busy-poll their pipes while
+timing, so a message costs microseconds, not a scheduler wake-up.
 
-The bracket adds the pipe messages and the switches between the processes' CUDA contexts to
-every call (about 0.37 ms on the H200). The same bracket around a call that does nothing,
-measured in the trusted eager process, calibrates that away; what remains is adjusted to the
-in-process window of an empty call. speed.py uses the result to corroborate the in-process figure
-that the record reports.
+Why the host clock. Until 2026-12-03 the bracket was two GPU events on the referee's stream
+around a cross-process wait (CUDA IPC events, then wire.Signal stream-memory waits once the
+sandbox refused IPC events). On the H200 the signal bracket ran 0.35-0.45 ms above the harness's
+window even after an empty call's bracket was taken away, so every honest kernel under ~0.3 ms
+was refused as "timers tampered with" (artifact/judge/h200_solutions_2026-12-03-s2-bracket.json):
+waits between two processes' CUDA contexts are scheduled by the GPU's time slicing, which an empty
+call does not reproduce. The host clock bounds the same window with none of that: it can only
+be longer than the window, by the pipe messages and the host's scheduling.
+
+The bracket adds those messages to every call. The same bracket around a call that does
+nothing, measured in the trusted eager process, calibrates that away; what remains is adjusted to
+the in-process window of an empty call. speed.py uses the result to corroborate the in-process
+figure that the record reports.
 """
 
 from __future__ import annotations
@@ -93,50 +97,26 @@ def pool_size(set_bytes: int) -> int:
 
 
 class Bracket:
-    """The referee's side of the per-call bracket with one harness process (signals: wire.Signal)."""
+    """The referee's side of the per-call bracket with one harness process (the referee's host clock)."""
 
-    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict, signals: tuple[dict, torch.Tensor],
-                 cpu: int | None = None):
-        """Args:
-            signals: two int32 slots from the shared pool, as transport.slots() gives them: A (the referee's
-                start) and B (the harness's window closed).
-        """
+    def __init__(self, channel: wire.Channel, pool: Pool, slots: dict, cpu: int | None = None):
         self.channel, self.pool = channel, pool
-        self.stream = torch.cuda.Stream()
-        tree, slots_tensor = signals
-        self.a, self.b = (wire.Signal(slots_tensor[i:i + 1]) for i in range(2))
-        _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots, "signals": tree, "cpu": cpu})
+        _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots, "cpu": cpu})
         channel.spin = True
-        self.t = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
 
     def call(self, k: int, set_index: int, null: bool = False, flush: torch.Tensor | None = None) -> dict:
-        """One bracketed call: ms (T1-T0, the referee's clock) and the harness's own figures, sync_ms (the
+        """One bracketed call: ms (T1-T0 on the referee's clock) and the harness's own figures, sync_ms (the
         original grader's window: start, solve(), host synchronised, end) and self_ms (start to solve()'s return)."""
+        if flush is not None:
+            flush.zero_()
         torch.cuda.synchronize()
-        try:
-            with torch.cuda.stream(self.stream):
-                if flush is not None:
-                    flush.zero_()
-                self.t[0].record()
-                self.a.record(self.stream)
-            self.channel.send({"cmd": "timed", "k": k, "set": set_index, "null": null})
-            _expect(self.channel.recv(), "launched")
-            self.b.wait_next(self.stream)
-            self.t[1].record(self.stream)
-            done = _expect(self.channel.recv(), "done")
-            settle(self.t[1], CALL_LIMIT_S, "the harness said its call was launched but never signalled it")
-        except BaseException:
-            self.release()  # a harness that failed or lied mid-call leaves no wait of ours blocked
-            raise
-        return {"ms": self.t[0].elapsed_time(self.t[1]), "sync_ms": done.get("sync_ms"),
-                "self_ms": done.get("self_ms"), "copied": bool(done.get("copied"))}
-
-    def release(self) -> None:
-        self.b.release()
-
-
-CALL_LIMIT_S = 120.0
-"""How long the referee waits for a harness's signal once the harness said it was given."""
+        t0 = time.perf_counter_ns()
+        self.channel.send({"cmd": "timed", "k": k, "set": set_index, "null": null})
+        _expect(self.channel.recv(), "launched")
+        t1 = time.perf_counter_ns()
+        done = _expect(self.channel.recv(), "done")
+        return {"ms": (t1 - t0) / 1e6, "sync_ms": done.get("sync_ms"), "self_ms": done.get("self_ms"),
+                "copied": bool(done.get("copied"))}
 
 
 def settle(event: torch.cuda.Event, limit_s: float, why: str) -> None:
