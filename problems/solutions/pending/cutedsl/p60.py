@@ -106,7 +106,7 @@ class ScaledGemm:
         self.smem_t = Smem
         self.ab_dtype = ab
         self.tile = tile
-        grid = (cute.ceil_div(mC.shape[0], self.bm), cute.ceil_div(mC.shape[1], self.bn), 1)
+        grid = (cute.ceil_div(mC.shape[1], self.bn), cute.ceil_div(mC.shape[0], self.bm), 1)  # N fastest: A read once
         self.kernel(tma_a, gA_tma, tma_b, gB_tma, mGA, mGB, mC, tiled_mma, sA_l, sB_l).launch(
             grid=grid, block=[128, 1, 1], stream=stream)
 
@@ -115,7 +115,7 @@ class ScaledGemm:
                mGA: cute.Tensor, mGB: cute.Tensor, mC: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_l: cute.ComposedLayout, sB_l: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        bm, bn, _ = cute.arch.block_idx()
+        bn, bm, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
