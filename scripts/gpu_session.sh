@@ -2,11 +2,11 @@
 # One GPU session on the lent H200: run the named stages, write every record under $OUT.
 # Run from the repository root on the device machine, after the toolchains are installed:
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs gpu-tests
-# Stages that need more than one device call's 10 minutes run as one job that outlives the call:
-#   OUT=/tmp/mkb-job setsid bash scripts/gpu_session.sh solutions reproduce > /dev/null 2>&1 &
-# and later calls on the warm machine copy /tmp/mkb-job/* to their $OUT. Keep a call in flight the whole
-# time (a polling loop of up to 10 minutes): a machine with no call for ~30 s is given back, and the job
-# and its files go with it.
+# Stages that need more than one device call's 10 minutes run as one detached job (scripts/gpu_job.sh):
+#   SOL_PROBLEMS=p28,p25 bash scripts/gpu_job.sh start solutions judge
+# and back-to-back calls of `bash scripts/gpu_job.sh wait 540` keep the machine warm (a machine with no
+# call for ~30 s is given back, with the job and its files) and pack the records into $OUT/job.tar.gz
+# (a call brings back at most 8 files). A job started with a plain `&` dies with the call that started it.
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice; SOL_PENDING=1
