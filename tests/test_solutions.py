@@ -26,10 +26,13 @@ SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
 from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
 
-PATHS = {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
+# Keyed by (problem, dsl, where): a pending replacement of a shipped solution (same name) is its own case.
+PATHS = {(p.stem, dsl, where.name): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
          for p in (where / dsl).glob("p[0-9][0-9].py")}
-VARIANTS = sorted(PATHS)
-SHIPPED = sorted(v for v, p in PATHS.items() if p.parent.parent == SOLUTIONS)
+CASES = sorted(PATHS)
+IDS = [f"{pid}-{dsl}" + ("-pending" if where == "pending" else "") for pid, dsl, where in CASES]
+SHIPPED = sorted((pid, dsl) for pid, dsl, where in CASES if where == "solutions")
+PENDING = sorted((pid, dsl) for pid, dsl, where in CASES if where == "pending")
 
 
 def _load(path: Path, name: str):
@@ -47,32 +50,43 @@ def _problem_file(pid: str) -> Path:
 
 
 def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
-    for group in (SHIPPED, [v for v in VARIANTS if v not in SHIPPED]):  # shipped, and pending apart
+    for group in (SHIPPED, PENDING):  # shipped, and pending apart
         by_dsl = {dsl: {pid for pid, d in group if d == dsl} for dsl in ("cutedsl", "tirx")}
         assert by_dsl["cutedsl"] == by_dsl["tirx"]
-    assert len(SHIPPED) >= 24 and len(VARIANTS) >= 36
+    assert len(SHIPPED) >= 24 and len(set(SHIPPED) | set(PENDING)) >= 36
     assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == SHIPPED
-    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"], pending=True)) == VARIANTS
-    for pid in {pid for pid, _ in VARIANTS}:
+    # with pending, a pending replacement is graded instead of the shipped file of the same name
+    graded = {(pid, dsl): path for pid, dsl, path in shipped(None, ["cutedsl", "tirx"], pending=True)}
+    assert sorted(graded) == sorted(set(SHIPPED) | set(PENDING))
+    assert all(path == PATHS[pid, dsl, "pending" if (pid, dsl) in PENDING else "solutions"]
+               for (pid, dsl), path in graded.items())
+    for pid in {pid for pid, _, _ in CASES}:
         _problem_file(pid)
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_judges_static_scan_accepts_the_solution(pid, dsl):
-    source = PATHS[pid, dsl].read_text()
+def test_a_pending_replacement_is_a_case_of_its_own():
+    replaced = set(SHIPPED) & set(PENDING)
+    for pid, dsl in replaced:
+        assert f"{pid}-{dsl}" in IDS and f"{pid}-{dsl}-pending" in IDS
+    assert len(IDS) == len(set(IDS)) == len(SHIPPED) + len(PENDING)
+
+
+@pytest.mark.parametrize("pid, dsl, where", CASES, ids=IDS)
+def test_the_judges_static_scan_accepts_the_solution(pid, dsl, where):
+    source = PATHS[pid, dsl, where].read_text()
     assert static.scan(source, Dsl(dsl)) == []
     other = "tvm" if dsl == "cutedsl" else "cutlass"
     assert f"import {other}" not in source and f"from {other}" not in source
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, tmp_path):
+@pytest.mark.parametrize("pid, dsl, where", CASES, ids=IDS)
+def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, where, tmp_path):
     import torch
 
     problem = _load(_problem_file(pid), f"problem_{pid}")
     torch.manual_seed(0)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
-    solution = _load(PATHS[pid, dsl], f"solution_{dsl}_{pid}")
+    solution = _load(PATHS[pid, dsl, where], f"solution_{dsl}_{pid}_{where}")
     built = list(solution._prepare(*inputs, arch="sm_90a"))
     assert built, "the solution builds no kernel"
     if dsl == "cutedsl":

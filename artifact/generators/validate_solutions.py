@@ -67,11 +67,13 @@ oracle does not use them; --pending grades them, and one that passes is moved up
 
 
 def shipped(problems: list[str] | None, dsls: list[str], pending: bool = False) -> list[tuple[str, str, Path]]:
+    """(problem, dsl, file) to grade: the shipped solutions, and with pending the pending ones too, where a
+    pending file named like a shipped one (a replacement waiting for its grading) is graded instead of it."""
     todo = []
     for dsl in dsls:
-        found = sorted((SOLUTIONS / dsl).glob("p[0-9][0-9].py"))
-        found += sorted((PENDING / dsl).glob("p[0-9][0-9].py")) if pending else []
-        for path in found:
+        waiting = {p.stem: p for p in (PENDING / dsl).glob("p[0-9][0-9].py")} if pending else {}
+        found = {p.stem: p for p in (SOLUTIONS / dsl).glob("p[0-9][0-9].py")} | waiting
+        for _, path in sorted(found.items()):
             if problems and path.stem not in problems:
                 continue
             todo.append((path.stem, dsl, path))
