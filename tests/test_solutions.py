@@ -26,10 +26,13 @@ SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
 from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
 
-PATHS = {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
-         for p in (where / dsl).glob("p[0-9][0-9].py")}
-VARIANTS = sorted(PATHS)
-SHIPPED = sorted(v for v, p in PATHS.items() if p.parent.parent == SOLUTIONS)
+PATHS = {(p.stem, dsl, where.name == "pending"): p for dsl in ("cutedsl", "tirx")
+         for where in (SOLUTIONS, SOLUTIONS / "pending") for p in (where / dsl).glob("p[0-9][0-9].py")}
+"""(problem, dsl, pending) -> file: a pending replacement of a shipped solution is a case of its own."""
+CASES = sorted(PATHS)
+IDS = [f"{pid}-{dsl}{'-pending' if pending else ''}" for pid, dsl, pending in CASES]
+VARIANTS = sorted((pid, dsl) for pid, dsl, _ in CASES)
+SHIPPED = sorted((pid, dsl) for pid, dsl, pending in CASES if not pending)
 
 
 def _load(path: Path, name: str):
@@ -47,7 +50,7 @@ def _problem_file(pid: str) -> Path:
 
 
 def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
-    for group in (SHIPPED, [v for v in VARIANTS if v not in SHIPPED]):  # shipped, and pending apart
+    for group in (SHIPPED, [(pid, dsl) for pid, dsl, pending in CASES if pending]):  # shipped, and pending apart
         by_dsl = {dsl: {pid for pid, d in group if d == dsl} for dsl in ("cutedsl", "tirx")}
         assert by_dsl["cutedsl"] == by_dsl["tirx"]
     assert len(SHIPPED) >= 24 and len(VARIANTS) >= 36
@@ -57,22 +60,22 @@ def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
         _problem_file(pid)
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_judges_static_scan_accepts_the_solution(pid, dsl):
-    source = PATHS[pid, dsl].read_text()
+@pytest.mark.parametrize("pid, dsl, pending", CASES, ids=IDS)
+def test_the_judges_static_scan_accepts_the_solution(pid, dsl, pending):
+    source = PATHS[pid, dsl, pending].read_text()
     assert static.scan(source, Dsl(dsl)) == []
     other = "tvm" if dsl == "cutedsl" else "cutlass"
     assert f"import {other}" not in source and f"from {other}" not in source
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, tmp_path):
+@pytest.mark.parametrize("pid, dsl, pending", CASES, ids=IDS)
+def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, pending, tmp_path):
     import torch
 
     problem = _load(_problem_file(pid), f"problem_{pid}")
     torch.manual_seed(0)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
-    solution = _load(PATHS[pid, dsl], f"solution_{dsl}_{pid}")
+    solution = _load(PATHS[pid, dsl, pending], f"solution_{dsl}_{pid}{'_pending' if pending else ''}")
     built = list(solution._prepare(*inputs, arch="sm_90a"))
     assert built, "the solution builds no kernel"
     if dsl == "cutedsl":
