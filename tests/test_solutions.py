@@ -26,10 +26,21 @@ SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
 from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
 
-PATHS = {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
-         for p in (where / dsl).glob("p[0-9][0-9].py")}
+
+def collect(root: Path) -> dict[tuple[str, str, str], Path]:
+    """(pid, dsl, kind) -> file under root/<dsl>/ (kind "shipped") and root/pending/<dsl>/ ("pending").
+
+    A pending replacement has the same name as the shipped file it replaces: `kind` keeps both as cases.
+    """
+    where = {"shipped": root, "pending": root / "pending"}
+    return {(p.stem, dsl, kind): p for dsl in ("cutedsl", "tirx") for kind, base in where.items()
+            for p in (base / dsl).glob("p[0-9][0-9].py")}
+
+
+WHERE = {"shipped": SOLUTIONS, "pending": SOLUTIONS / "pending"}
+PATHS = collect(SOLUTIONS)
 VARIANTS = sorted(PATHS)
-SHIPPED = sorted(v for v, p in PATHS.items() if p.parent.parent == SOLUTIONS)
+SHIPPED = [v for v in VARIANTS if v[2] == "shipped"]
 
 
 def _load(path: Path, name: str):
@@ -47,32 +58,45 @@ def _problem_file(pid: str) -> Path:
 
 
 def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
-    for group in (SHIPPED, [v for v in VARIANTS if v not in SHIPPED]):  # shipped, and pending apart
-        by_dsl = {dsl: {pid for pid, d in group if d == dsl} for dsl in ("cutedsl", "tirx")}
+    for kind in WHERE:  # shipped, and pending apart
+        by_dsl = {dsl: {pid for pid, d, k in VARIANTS if d == dsl and k == kind} for dsl in ("cutedsl", "tirx")}
         assert by_dsl["cutedsl"] == by_dsl["tirx"]
-    assert len(SHIPPED) >= 24 and len(VARIANTS) >= 36
-    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == SHIPPED
-    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"], pending=True)) == VARIANTS
-    for pid in {pid for pid, _ in VARIANTS}:
+    assert len(SHIPPED) >= 24 and len({(pid, dsl) for pid, dsl, _ in VARIANTS}) >= 36
+    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == [v[:2] for v in SHIPPED]
+    graded = sorted((pid, dsl, str(path)) for pid, dsl, path in shipped(None, ["cutedsl", "tirx"], pending=True))
+    assert graded == sorted((pid, dsl, str(PATHS[pid, dsl, kind])) for pid, dsl, kind in VARIANTS)
+    for pid in {pid for pid, _, _ in VARIANTS}:
         _problem_file(pid)
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_judges_static_scan_accepts_the_solution(pid, dsl):
-    source = PATHS[pid, dsl].read_text()
+def test_a_pending_replacement_is_a_test_case_of_its_own(tmp_path):
+    for kind, rel in (("shipped", "cutedsl"), ("pending", "pending/cutedsl"), ("pending", "pending/tirx")):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "p28.py").write_text(f"# {kind}\n")
+    found = collect(tmp_path)
+    assert sorted(found) == [("p28", "cutedsl", "pending"), ("p28", "cutedsl", "shipped"), ("p28", "tirx", "pending")]
+    assert found["p28", "cutedsl", "shipped"].read_text() == "# shipped\n"
+    assert found["p28", "cutedsl", "pending"].read_text() == "# pending\n"
+    for pid, dsl, kind in VARIANTS:
+        assert PATHS[pid, dsl, kind].parent == WHERE[kind] / dsl
+
+
+@pytest.mark.parametrize("pid, dsl, kind", VARIANTS)
+def test_the_judges_static_scan_accepts_the_solution(pid, dsl, kind):
+    source = PATHS[pid, dsl, kind].read_text()
     assert static.scan(source, Dsl(dsl)) == []
     other = "tvm" if dsl == "cutedsl" else "cutlass"
     assert f"import {other}" not in source and f"from {other}" not in source
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, tmp_path):
+@pytest.mark.parametrize("pid, dsl, kind", VARIANTS)
+def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, kind, tmp_path):
     import torch
 
     problem = _load(_problem_file(pid), f"problem_{pid}")
     torch.manual_seed(0)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
-    solution = _load(PATHS[pid, dsl], f"solution_{dsl}_{pid}")
+    solution = _load(PATHS[pid, dsl, kind], f"solution_{kind}_{dsl}_{pid}")
     built = list(solution._prepare(*inputs, arch="sm_90a"))
     assert built, "the solution builds no kernel"
     if dsl == "cutedsl":
