@@ -26,10 +26,18 @@ SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
 from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
 
-PATHS = {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
-         for p in (where / dsl).glob("p[0-9][0-9].py")}
-VARIANTS = sorted(PATHS)
-SHIPPED = sorted(v for v, p in PATHS.items() if p.parent.parent == SOLUTIONS)
+
+def _found(where: Path) -> dict[tuple[str, str], Path]:
+    return {(p.stem, dsl): p for dsl in ("cutedsl", "tirx") for p in (where / dsl).glob("p[0-9][0-9].py")}
+
+
+SHIPPED_PATHS, PENDING_PATHS = _found(SOLUTIONS), _found(SOLUTIONS / "pending")
+SHIPPED, PENDING = sorted(SHIPPED_PATHS), sorted(PENDING_PATHS)
+VARIANTS = sorted(set(SHIPPED) | set(PENDING))
+# every file is its own case: a pending replacement of a shipped solution (same pNN) is "pNN-dsl-pending"
+CASES = [pytest.param(pid, dsl, path, id=f"{pid}-{dsl}{tag}")
+         for paths, tag in ((SHIPPED_PATHS, ""), (PENDING_PATHS, "-pending"))
+         for (pid, dsl), path in sorted(paths.items())]
 
 
 def _load(path: Path, name: str):
@@ -47,32 +55,33 @@ def _problem_file(pid: str) -> Path:
 
 
 def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
-    for group in (SHIPPED, [v for v in VARIANTS if v not in SHIPPED]):  # shipped, and pending apart
+    for group in (SHIPPED, PENDING):  # shipped, and pending apart
         by_dsl = {dsl: {pid for pid, d in group if d == dsl} for dsl in ("cutedsl", "tirx")}
         assert by_dsl["cutedsl"] == by_dsl["tirx"]
     assert len(SHIPPED) >= 24 and len(VARIANTS) >= 36
     assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"])) == SHIPPED
-    assert sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"], pending=True)) == VARIANTS
+    graded = sorted((pid, dsl) for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"], pending=True))
+    assert graded == sorted(SHIPPED + PENDING)  # a pending replacement is graded beside the shipped file
     for pid in {pid for pid, _ in VARIANTS}:
         _problem_file(pid)
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_judges_static_scan_accepts_the_solution(pid, dsl):
-    source = PATHS[pid, dsl].read_text()
+@pytest.mark.parametrize("pid, dsl, path", CASES)
+def test_the_judges_static_scan_accepts_the_solution(pid, dsl, path):
+    source = path.read_text()
     assert static.scan(source, Dsl(dsl)) == []
     other = "tvm" if dsl == "cutedsl" else "cutlass"
     assert f"import {other}" not in source and f"from {other}" not in source
 
 
-@pytest.mark.parametrize("pid, dsl", VARIANTS)
-def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, tmp_path):
+@pytest.mark.parametrize("pid, dsl, path", CASES)
+def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, path, tmp_path):
     import torch
 
     problem = _load(_problem_file(pid), f"problem_{pid}")
     torch.manual_seed(0)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
-    solution = _load(PATHS[pid, dsl], f"solution_{dsl}_{pid}")
+    solution = _load(path, f"solution_{dsl}_{pid}_{path.parent.parent.name}")
     built = list(solution._prepare(*inputs, arch="sm_90a"))
     assert built, "the solution builds no kernel"
     if dsl == "cutedsl":
