@@ -138,6 +138,25 @@ def weights_fp64(logits: torch.Tensor, scale: float) -> torch.Tensor:
     return round32(s / (ssum[:, None] + 1e-20) * scale)
 
 
+def route_kernel(logits: torch.Tensor, bias: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pending router kernel on fp32 logits [T, E] (fp64 tensor): (int64 indices [T, 8], weights [T, 8]).
+
+    s = fl32(sigmoid64(logit)); b = fl32(s + bias); group score fl32(top1 + top2); groups ranked by
+    (score desc, group asc), the 4 best kept, the others' experts 0.0; 8 winners by (b desc, index asc);
+    weights in fp64 from the winners' logits (sum in choice order), x scale, one rounding.
+    """
+    tokens, experts = logits.shape
+    val = round32(round32(sigmoid64(logits)) + bias.to(F64))
+    top2 = val.view(tokens, 8, experts // 8).topk(2, dim=-1).values
+    gs = round32(top2[..., 0] + top2[..., 1])
+    g = torch.arange(8)
+    beats = (gs[:, None, :] > gs[:, :, None]) | ((gs[:, None, :] == gs[:, :, None]) & (g[None, :] < g[:, None]))
+    keep = (beats.sum(dim=-1) < 4).repeat_interleave(experts // 8, dim=1)
+    val = torch.where(keep, val, 0.0)
+    idx = torch.sort(val, dim=1, descending=True, stable=True).indices[:, :8]
+    return idx, weights_fp64(logits.gather(1, idx), scale)
+
+
 def draw(tokens: int, seed: int = 0):
     """p49's full-scale inputs restricted to `tokens` tokens (same distributions and redraw rule)."""
     problem = load_problem()
