@@ -148,7 +148,8 @@ def main() -> int:
         records = [r for r in records if not (r.get("problem") == pid and r.get("dsl") == dsl)] + [row]
         records.sort(key=lambda r: (r.get("problem", ""), r.get("dsl", "")))
         out_path.write_text(json.dumps(records, indent=1) + "\n")        # after every variant: nothing is lost
-        line = f"{pid:4s} {dsl:8s} {row['status']:16s} {time.time() - t0:6.1f}s"
+        where = " pending" if path.parent.parent == PENDING else ""   # a replacement, graded instead of the shipped file
+        line = f"{pid:4s} {dsl:8s}{where} {row['status']:16s} {time.time() - t0:6.1f}s"
         if rec.speedup is not None:
             line += (f"  kernel {rec.kernel_ms:.4f} ms  eager {rec.eager_ms:.3f} ms  x{rec.speedup:.2f}"
                      f"  SOL {row['sol_fraction']:.2f}  dsl_check {rec.dsl_check}")
