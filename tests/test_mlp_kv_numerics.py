@@ -1,0 +1,117 @@
+"""CPU replays of the pending p20 and p42 solutions' exact arithmetic, checked against the problems.
+
+The GPU grades the kernels; here their rounding is replayed in torch: p42's dual RMSNorm (fp32 sums of
+squares, x * rstd rounded to bf16, times the bf16 weight rounded to bf16) and p20's RoPE (every bf16
+product and sum rounded as the reference's bf16 arithmetic, so the cache rows must equal the
+reference's bit for bit), with their bf16 WGMMA GEMMs as fp32-accumulated products rounded to bf16.
+Each must stay well inside the judge's tolerance (mkb.tensortree.compare against the fp64 anchor) at
+smoke scale and on full-scale slices.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mkb import tensortree as tt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _problem(pid: str):
+    (path,) = sorted(ROOT.glob(f"problems/*/{pid[1:]}_*.py"))
+    spec = importlib.util.spec_from_file_location(f"numerics_{pid}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ratio(out, ref, anchor) -> float:
+    """max error / allowance of the judge's tolerance rule (1.0 = at the limit)."""
+    c = tt.compare("out", out, ref, anchor, 3.0)
+    assert c.ok, c.note
+    return c.max_error / c.allowance
+
+
+def _bf(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def _gemm_bf16(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """The bf16 WGMMA GEMM: exact bf16 products, fp32 accumulation, rounded to bf16 once."""
+    return (a.double() @ w.double().T).float().to(torch.bfloat16)
+
+
+def _p42_kernel(input_ids, hidden, embed, enorm_w, hnorm_w, w_eh, eps):
+    b, s, d = hidden.shape
+    ids = torch.zeros_like(input_ids)
+    ids[:, :-1] = input_ids[:, 1:]                      # the kernel's shifted lookup; 0 at the last position
+
+    def norm(x, w):
+        f = x.float()
+        rstd = torch.rsqrt((f * f).sum(-1, keepdim=True) / d + eps)
+        return _bf(w.float() * _bf(f * rstd))
+
+    z = torch.cat([norm(embed[ids], enorm_w), norm(hidden, hnorm_w)], dim=-1)
+    return _gemm_bf16(z.reshape(b * s, 2 * d), w_eh).view(b, s, -1)
+
+
+@pytest.mark.parametrize("scale", ["smoke", "slice"])
+def test_p42_dual_norm_and_gemm_inside_the_tolerance(scale):
+    problem = _problem("p42")
+    torch.manual_seed(42)
+    if scale == "smoke":
+        inputs = problem.make_inputs(device="cpu", scale="smoke")
+    else:  # full-scale width 4096 (z 8192 wide), 2 sequences x 16 positions, 256 output channels
+        d, bf = 4096, torch.bfloat16
+        inputs = [torch.randint(0, 3000, (2, 16)), torch.randn(2, 16, d, dtype=bf), torch.randn(3000, d, dtype=bf),
+                  (1 + 0.1 * torch.randn(d)).to(bf), (1 + 0.1 * torch.randn(d)).to(bf),
+                  (torch.randn(256, 2 * d) / (2 * d) ** 0.5).to(bf), problem.EPS]
+    out = _p42_kernel(*inputs)
+    ref = problem.reference(*inputs)
+    anchor = problem.reference(*[t.double() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs])
+    assert _ratio(out, ref, anchor) < 0.5
+
+
+def _p20_kernel(qkv_lora, q_b_weight, positions, cos_sin_cache, slot_mapping, kv_cache, p):
+    """Returns q and updates kv_cache in place, as the two kernels do."""
+    tokens, half = qkv_lora.shape[0], p.ROPE // 2
+    q = _gemm_bf16(qkv_lora[:, :p.Q_RANK], q_b_weight).view(tokens, p.HEADS, p.NOPE + p.ROPE)
+    cos, sin = cos_sin_cache[positions].float().split(half, dim=-1)
+
+    def rotate(x, c, s):
+        x1, x2 = x[..., :half].float(), x[..., half:].float()
+        return torch.cat([_bf(x1 * c) - _bf(x2 * s), _bf(x2 * c) + _bf(x1 * s)], dim=-1).to(torch.bfloat16)
+
+    q[..., p.NOPE:] = rotate(q[..., p.NOPE:], cos[:, None], sin[:, None])
+    k_pe = rotate(qkv_lora[:, p.Q_RANK + p.KV_RANK:], cos, sin)
+    flat = kv_cache.view(-1, kv_cache.shape[-1])
+    for t in range(tokens):
+        if int(slot_mapping[t]) >= 0:
+            flat[int(slot_mapping[t])] = torch.cat([qkv_lora[t, p.Q_RANK:p.Q_RANK + p.KV_RANK], k_pe[t]])
+    return q
+
+
+@pytest.mark.parametrize("scale", ["smoke", "slice"])
+def test_p20_rope_is_bit_exact_and_q_inside_the_tolerance(scale):
+    problem = _problem("p20")
+    torch.manual_seed(20)
+    inputs = problem.make_inputs(device="cpu", scale="full" if scale == "slice" else "smoke")
+    if scale == "slice":  # the full cache, cos/sin table and weight; 96 tokens, the last 5 padding
+        qkv, w, pos, cs, slots, cache = inputs
+        slots = slots[:96].clone()
+        slots[-5:] = -1
+        inputs = [qkv[:96], w, pos[:96], cs, slots, cache]
+    ref_cache, out_cache, anchor_cache = (inputs[5].clone() for _ in range(3))
+    ref = problem.reference(*inputs[:5], ref_cache)
+    out = _p20_kernel(*inputs[:5], out_cache, problem)
+    anchor = problem.reference(*[t.double() if t.is_floating_point() else t for t in inputs[:5]],
+                               anchor_cache.double())
+    assert torch.equal(out_cache, ref_cache)           # kv_c copied, k_pe rotated with torch's bf16 rounding
+    assert not torch.equal(out_cache, inputs[5])       # the slots were written
+    assert _ratio(out, ref, anchor) < 0.5
