@@ -1,9 +1,11 @@
-"""CPU replays of the pending p20 and p42 solutions' exact arithmetic, checked against the problems.
+"""CPU replays of the pending p20, p41 and p42 solutions' exact arithmetic, checked against the problems.
 
 The GPU grades the kernels; here their rounding is replayed in torch: p42's dual RMSNorm (fp32 sums of
 squares, x * rstd rounded to bf16, times the bf16 weight rounded to bf16) and p20's RoPE (every bf16
 product and sum rounded as the reference's bf16 arithmetic, so the cache rows must equal the
-reference's bit for bit), with their bf16 WGMMA GEMMs as fp32-accumulated products rounded to bf16.
+reference's bit for bit), with their bf16 WGMMA GEMMs as fp32-accumulated products rounded to bf16; and
+p41's fp32 SIMT GEMM in its exact order (a fresh FMA chain per 32-wide k-tile, tile sums added in
+fp32) with the per-head norm's lane partial sums and shuffle butterfly.
 Each must stay well inside the judge's tolerance (mkb.tensortree.compare against the fp64 anchor) at
 smoke scale and on full-scale slices.
 """
@@ -115,3 +117,56 @@ def test_p20_rope_is_bit_exact_and_q_inside_the_tolerance(scale):
     assert torch.equal(out_cache, ref_cache)           # kv_c copied, k_pe rotated with torch's bf16 rounding
     assert not torch.equal(out_cache, inputs[5])       # the slots were written
     assert _ratio(out, ref, anchor) < 0.5
+
+
+def _simt_gemm(x: torch.Tensor, w: torch.Tensor, bk: int = 32) -> torch.Tensor:
+    """The SIMT GEMM's order: per k-tile a chain of bk FMAs from zero (fp64 product and sum, rounded to fp32
+    once: a fused multiply-add), the tile sums added to the fp32 accumulator in k order."""
+    acc = torch.zeros(x.shape[0], w.shape[0], dtype=torch.float32)
+    xd, wd = x.double(), w.double()
+    for k0 in range(0, x.shape[1], bk):
+        tile = torch.zeros_like(acc)
+        for k in range(k0, k0 + bk):
+            tile = (tile.double() + xd[:, k, None] * wd[None, :, k]).float()
+        acc = acc + tile
+    return acc
+
+
+def _head_norm(t: torch.Tensor, weight: torch.Tensor, eps: float, masks) -> torch.Tensor:
+    """The epilogue on [rows, heads, d]: each lane's 4-column sum of squares, a shuffle butterfly over the
+    d / 4 lanes in the given mask order, rsqrt(sum / d + eps), then t * rstd * weight."""
+    rows, heads, d = t.shape
+    sq = t * t
+    part = ((sq[..., 0::4] + sq[..., 1::4]) + sq[..., 2::4]) + sq[..., 3::4]   # lane l holds columns 4l..4l+3
+    lanes = torch.arange(d // 4)
+    for mask in masks:
+        part = part + part[..., lanes ^ mask]
+    rstd = torch.rsqrt(part[..., :1] / d + eps)
+    return t * rstd * weight
+
+
+@pytest.mark.parametrize("dsl", ["cutedsl", "tirx"])
+@pytest.mark.parametrize("scale", ["smoke", "slice"])
+def test_p41_simt_gemm_and_head_norm_inside_the_tolerance(dsl, scale):
+    problem = _problem("p41")
+    torch.manual_seed(41)
+    if scale == "smoke":
+        inputs = problem.make_inputs(device="cpu", scale="smoke")
+    else:  # full-scale K = 1024 and head dim 128: 48 tokens, two heads of each projection
+        k, d = 1024, 128
+        inputs = [torch.randn(1, 48, k)] + [torch.randn(2 * d, k) / k ** 0.5 for _ in range(3)] + \
+                 [1 + 0.1 * torch.randn(d), 1 + 0.1 * torch.randn(d), problem.EPS]
+    x, w_q, w_k, w_v, qn, kn, eps = inputs
+    b, s, k = x.shape
+    d = qn.shape[0]
+    lanes = d // 4
+    masks = [1 << o for o in range(lanes.bit_length() - 1)]          # CuTe: offsets 1, 2, 4, ...
+    if dsl == "tirx":
+        masks = masks[::-1]                                          # TIRx warp_sum: 16, 8, ..., 1
+    x2 = x.reshape(b * s, k)
+    outs = [_simt_gemm(x2, w).view(b * s, -1, d) for w in (w_q, w_k, w_v)]
+    outs = (_head_norm(outs[0], qn, eps, masks), _head_norm(outs[1], kn, eps, masks), outs[2])
+    refs = problem.reference(*inputs)
+    anchors = problem.reference(*[t.double() if torch.is_tensor(t) else t for t in inputs])
+    for out, ref, anchor in zip(outs, refs, anchors):
+        assert _ratio(out.view(ref.shape), ref, anchor) < 0.5
