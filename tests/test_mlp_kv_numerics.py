@@ -12,32 +12,14 @@ smoke scale and on full-scale slices.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from mkb import tensortree as tt
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _problem(pid: str):
-    (path,) = sorted(ROOT.glob(f"problems/*/{pid[1:]}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"numerics_{pid}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _ratio(out, ref, anchor) -> float:
-    """max error / allowance of the judge's tolerance rule (1.0 = at the limit)."""
-    c = tt.compare("out", out, ref, anchor, 3.0)
-    assert c.ok, c.note
-    return c.max_error / c.allowance
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_solution_numerics import _problem, _ratio  # noqa: E402  (the FP8 replays' loader and tolerance ratio)
 
 
 def _bf(x: torch.Tensor) -> torch.Tensor:
