@@ -4,9 +4,9 @@ Hopper has no FP4 tensor cores, but every e2m1 value times its e4m3 block scale 
 significant bits), so both operands go to the tensor cores as exact bf16 values a' = e2m1 * block_scale
 and the two global decode scales multiply the fp32 accumulator once.
 Kernel 1 (AbsMax): 1024 CTAs reduce max |x| over grid-stride shares (16-byte loads) to 1024 partials.
-Kernel 2 (Nvfp4Quant): every CTA reduces the partials to amax, encode = 2688 / amax (IEEE division, as
-the reference); one thread per 32 elements (two 16-wide blocks) takes block_scale = e4m3(amax16 / 6 *
-encode) (hardware round to nearest even), factor = encode / block_scale, and the e2m1 code of x * factor
+Kernel 2 (Nvfp4Quant): every CTA reduces the partials to amax, encode = fl(fl(1 / amax) * 2688)
+(the reference on a GPU: a scalar over a tensor is the tensor's reciprocal times the scalar); one
+thread per 32 elements (two 16-wide blocks) takes block_scale = e4m3(amax16 * fl(1/6) * encode) (hardware round to nearest even), factor = encode / block_scale, and the e2m1 code of x * factor
 by the reference's own tie rules (0.25 and 2.5 and 5 round down, 0.75, 1.75 and 3.5 up), writing
 e2m1 * block_scale in bf16; CTA 0 writes the global decode scale 1 / encode.
 Kernel 3 (Nvfp4Decode): the pre-quantized weight to bf16 e2m1 * block_scale (integer bit decoding).
@@ -31,6 +31,7 @@ GRID = 1024                                  # CTAs (= partial maxima) of the ab
 CHUNK = 32                                   # elements per decode / quantize thread: two scale blocks
 E2M1_TWICE = 0xC8643210 - (1 << 32)          # nibble m = 2 * |e2m1 value of magnitude code m|
 ENCODE_NUM = 448.0 * 6.0                     # E4M3_MAX * E2M1_MAX
+INV6 = 0.1666666716337204                    # fp32(1 / 6): torch on CUDA divides by a Python scalar as x * fl(1/6)
 
 
 def _e2m1_twice(code):
@@ -119,7 +120,7 @@ class Nvfp4Quant:
             amax = cute.arch.fmax(amax, red[w])
         encode = Float32(1.0)
         if amax > 0.0:
-            encode = Float32(ENCODE_NUM) / amax
+            encode = (Float32(1.0) / amax) * Float32(ENCODE_NUM)  # torch on CUDA: 2688 / t is t.reciprocal() * 2688
         if bidx == 0 and tidx == 0:
             gdec[0] = Float32(1.0) / encode
         v = bidx * THREADS + tidx
@@ -134,7 +135,7 @@ class Nvfp4Quant:
                 cute.autovec_copy(xs[None, 2 * c + blk], rx)
                 y = rx.load().to(Float32)
                 am = cute.where(y < 0.0, -y, y).reduce(cute.ReductionOp.MAX, Float32(0.0), 0)
-                raw[blk] = cute.arch.fmin(am / Float32(6.0) * encode, Float32(448.0))
+                raw[blk] = cute.arch.fmin(am * Float32(INV6) * encode, Float32(448.0))
             sf = cute.make_rmem_tensor((2,), Float32)
             sf.store(raw.load().to(cutlass.Float8E4M3FN).to(Float32))   # round to nearest even e4m3
             for blk in cutlass.range_constexpr(2):

@@ -4,8 +4,10 @@ Hopper has no FP4 tensor cores, but every e2m1 value times its e4m3 block scale 
 significant bits), so both operands go to the tensor cores as exact bf16 values a' = e2m1 * block_scale
 and the two global decode scales multiply the fp32 accumulator once.
 Kernel 1 (absmax): 1024 CTAs reduce max |x| over grid-stride shares (16-byte loads) to 1024 partials.
-Kernel 2 (quant): every CTA reduces the partials to amax, encode = 2688 / amax; one thread per 32
-elements (two 16-wide blocks) takes block_scale = e4m3(amax16 / 6 * encode) (round to nearest even),
+Kernel 2 (quant): every CTA reduces the partials to amax, encode = fl(fl(1 / amax) * 2688) (the
+reference on a GPU: torch's 2688 / t is t.reciprocal() * 2688); one thread per 32 elements (two
+16-wide blocks) takes block_scale = e4m3(amax16 * fl(1/6) * encode) (a CUDA tensor over a Python scalar
+is a multiply by the scalar's fp32 reciprocal) (round to nearest even),
 factor = encode / block_scale, and the e2m1 code of x * factor by the reference's own tie rules (0.25,
 1.25, 2.5 and 5 round down, 0.75, 1.75 and 3.5 up), writing e2m1 * block_scale in bf16; CTA 0 writes
 the global decode scale 1 / encode.  Divisions are done in fp64 and rounded once to fp32 (= IEEE fp32
@@ -43,6 +45,7 @@ WGMMA = "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16"
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 SWIZZLE_128B = 3
 ENCODE_NUM = 448.0 * 6.0                     # E4M3_MAX * E2M1_MAX
+INV6 = 0.1666666716337204                    # fp32(1 / 6): torch on CUDA divides by a Python scalar as x * fl(1/6)
 
 
 def _e2m1_twice(code):
@@ -130,7 +133,7 @@ def _make_quant(K: int):
         amax: T.float32 = T.cuda.cta_max(m[0], WARPS, red.data)
         enc[0] = T.float32(1)
         if amax > T.float32(0):
-            enc[0] = _div(T.float32(ENCODE_NUM), amax)
+            enc[0] = _div(T.float32(1), amax) * T.float32(ENCODE_NUM)
         if bx == 0 and tx == 0:
             G[0] = _div(T.float32(1), enc[0])
         if bx * THREADS + tx < rows * NV:
@@ -142,7 +145,7 @@ def _make_quant(K: int):
                 for e in T.unroll(16):
                     m[0] = T.max(m[0], T.max(T.Cast("float32", rx[blk * 16 + e]), -T.Cast("float32", rx[blk * 16 + e])))
                 sf[0] = T.Cast("float32", T.Cast("float8_e4m3fn",
-                                                 T.min(_div(m[0], T.float32(6.0)) * enc[0], T.float32(448.0))))
+                                                 T.min(m[0] * T.float32(INV6) * enc[0], T.float32(448.0))))
                 fac[0] = T.float32(0)
                 if sf[0] > T.float32(0):
                     fac[0] = _div(enc[0], sf[0])
