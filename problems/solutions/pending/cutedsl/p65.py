@@ -113,8 +113,9 @@ def _prepare(x, a, b, c, arch=None):
         chunk, _, p, _, n = key
         bf = cutlass.BFloat16
         r1, r2, r3 = cute.sym_int(), cute.sym_int(), cute.sym_int()
-        mk = lambda r, cols: make_fake_compact_tensor(bf, (r, cols), stride_order=(1, 0), assumed_align=16)  # noqa: E731
-        args = [mk(r1, p), mk(r2, chunk), mk(r3, n), mk(r3, n), mk(r1, p), make_fake_stream(use_tvm_ffi_env_stream=True)]
+        mk = lambda r, c: make_fake_compact_tensor(bf, (r, c), stride_order=(1, 0), assumed_align=16)  # noqa: E731
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        args = [mk(r1, p), mk(r2, chunk), mk(r3, n), mk(r3, n), mk(r1, p), stream]
         _COMPILED[key] = cute.compile(SsdDiag(*key), *args, options=f"--gpu-arch {arch or _arch()} --enable-tvm-ffi")
     return [_COMPILED[key]]
 
