@@ -2,7 +2,7 @@
 
 Work item = one query of one sequence x a group of R = 4 heads, found by a scan of qo_indptr inside the
 kernel (no host sync); queries are handed out last sequence first and, inside a sequence, last query
-first, so the longest walks start first.  Every head attends over the same latent rows, so the key of
+first (its longest walks first).  Every head attends over the same latent rows, so the key of
 token j is [ckv_j, kpe_j] and its value is ckv_j itself: a lane holds 16 of the 512 latent dims and 2 of
 the 64 rope dims of each key row (found through the page table: key j of sequence b is cache row
 kv_indices[kv_indptr[b] + j]), and the ckv registers it loads serve as both K and V for its 4 heads.
