@@ -7,6 +7,9 @@ and of the output.  Per key: R dot products summed over the warp with butterfly 
 mask (key <= query + kv_len - q_len, decided per row and the same on every lane) and an online softmax
 in base 2 (q pre-scaled by sm_scale*log2 e).  The warp walks its keys once up to the tile's last
 visible key and writes out = acc / l (bf16) and lse = m + log2 l directly: no partials, no merge.
+The softmax denominator is kept per lane (lane j % 32 adds key j's term, every lane rescales)
+and summed with one butterfly at the end, so each partial sums 1/32 of the keys: the lse output's
+allowance is a few fp32 ulps, which one serial sum over a long row comes close to.
 """
 import math
 
@@ -72,7 +75,7 @@ class RaggedPrefill:
                 for e in cutlass.range_constexpr(VK):
                     qf[e, r] = rq[e].to(Float32) * self.qscale
             m = cute.make_rmem_tensor((R,), Float32)
-            l = cute.make_rmem_tensor((R,), Float32)
+            l = cute.make_rmem_tensor((R,), Float32)     # this lane's share of the denominator
             acc = cute.make_rmem_tensor((VV, R), Float32)
             for r in cutlass.range_constexpr(R):
                 m[r] = NEG
@@ -96,20 +99,23 @@ class RaggedPrefill:
                             m_new = cutlass.max(m[r], sc)
                             corr = cute.math.exp2(m[r] - m_new, fastmath=True)
                             p = cute.math.exp2(sc - m_new, fastmath=True)
-                            l[r] = l[r] * corr + p
+                            l[r] = l[r] * corr
+                            if (j + uu) % 32 == lane:
+                                l[r] = l[r] + p
                             for e in cutlass.range_constexpr(VV):
                                 acc[e, r] = acc[e, r] * corr + p * rv[e, uu].to(Float32)
                             m[r] = m_new
             ro = cute.make_rmem_tensor((VV,), out.element_type)
             for r in cutlass.range_constexpr(R):
+                lsum = cute.arch.warp_reduction_sum(l[r])           # every lane: the whole denominator
                 if r // G < nq:
                     orow = (qo[bsel] + i0 + r // G) * H + g * G + r % G
-                    inv = 1.0 / l[r]
+                    inv = 1.0 / lsum
                     for e in cutlass.range_constexpr(VV):
                         ro[e] = (acc[e, r] * inv).to(out.element_type)
                     cute.autovec_copy(ro, cute.zipped_divide(out[orow, None], (VV,))[None, lane])
                     if lane == 0:
-                        lse[orow] = m[r] + cute.math.log2(l[r])
+                        lse[orow] = m[r] + cute.math.log2(lsum)
 
 
 _COMPILED = {}

@@ -7,6 +7,9 @@ and of the output.  Per key: R dot products summed over the warp with butterfly 
 mask (key <= query + kv_len - q_len, decided per row and the same on every lane) and an online softmax
 in base 2 (q pre-scaled by sm_scale*log2 e).  The warp walks its keys once up to the tile's last
 visible key and writes out = acc / l (bf16) and lse = m + log2 l directly: no partials, no merge.
+The softmax denominator is kept per lane (lane j % 32 adds key j's term, every lane rescales)
+and summed with one butterfly at the end, so each partial sums 1/32 of the keys: the lse output's
+allowance is a few fp32 ulps, which one serial sum over a long row comes close to.
 """
 import math
 
@@ -46,7 +49,7 @@ def _make(KVH: int, G: int, DQK: int, DV: int, qscale: float):
         rq = T.alloc_local((VK,), "bfloat16")
         qf = T.alloc_local((R * VK,), "float32")
         m = T.alloc_local((R,), "float32")
-        l = T.alloc_local((R,), "float32")
+        l = T.alloc_local((R,), "float32")          # this lane's share of the denominator
         acc = T.alloc_local((R * VV,), "float32")
         rk = T.alloc_local((UNROLL * VK,), "bfloat16")
         rv = T.alloc_local((UNROLL * VV,), "bfloat16")
@@ -99,19 +102,22 @@ def _make(KVH: int, G: int, DQK: int, DV: int, qscale: float):
                             m_new: T.float32 = T.max(m[r], sc)
                             corr: T.float32 = T.exp2(m[r] - m_new)
                             p: T.float32 = T.exp2(sc - m_new)
-                            l[r] = l[r] * corr + p
+                            l[r] = l[r] * corr
+                            if (j + uu) % 32 == tx % 32:
+                                l[r] = l[r] + p
                             for e in T.unroll(VV):
                                 acc[r * VV + e] = acc[r * VV + e] * corr + p * T.Cast("float32", rv[uu * VV + e])
                             m[r] = m_new
             for r in T.unroll(R):
+                lsum: T.float32 = T.cuda.warp_sum(l[r])     # every lane: the whole denominator
                 if r // G < nq:
                     orow: T.let = (QO[b] + i0 + r // G) * H + g * G + r % G
-                    inv: T.float32 = T.float32(1) / l[r]
+                    inv: T.float32 = T.float32(1) / lsum
                     for e in T.unroll(VV):
                         ro[e] = T.Cast("bfloat16", acc[r * VV + e] * inv)
                     T.tile.copy(OUT[orow, cv:cv + VV], ro[:])
                     if tx % 32 == 0:
-                        LSE[orow] = m[r] + T.log2(l[r])
+                        LSE[orow] = m[r] + T.log2(lsum)
 
     return ragged_prefill
 
