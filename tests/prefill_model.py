@@ -1,4 +1,4 @@
-"""CPU model of the warp-tile paged prefill kernels (pending p05 and p15): their exact arithmetic, replayed.
+"""CPU model of the warp-tile prefill kernels (pending p05, p15 paged; p08, p09 ragged): exact arithmetic, replayed.
 
 A warp owns rows (query, head) that read one kv head; a lane holds a contiguous slice of the dims. Per
 key, in key order: each lane's partial dot product (an FMA chain over its dims: one rounding per term),
@@ -13,7 +13,7 @@ log2 (lg2.approx), with random signs or, ``sign`` = +-1, all of one sign (a syst
 ``tile_map`` replays the kernels' in-kernel scan (tiles counted from the last sequence's last tile) and
 checks that every (sequence, tile) is owned by exactly one warp.
 
-Run ``python tests/prefill_model.py`` for the full-scale slices (the longest sequences; a minute).
+Run ``python tests/prefill_model.py [pNN ...]`` for the full-scale slices (the longest sequences; minutes).
 """
 
 from __future__ import annotations
@@ -154,7 +154,29 @@ def p15_rows(inputs, b: int, queries: list[int], lookahead: int = 0, **kw):
     return out.view(len(queries), heads, 512), lse.view(len(queries), heads)
 
 
-MODELS = {"p05": p05_rows, "p15": p15_rows}
+def ragged_rows(inputs, b: int, queries: list[int], lookahead: int = 0, **kw):
+    """p08's / p09's kernel (one walk per kv head over its G q heads) for queries (indices in sequence
+    b) x all heads: (out [q, H, DV], lse [q, H]); lookahead as in p05_rows."""
+    q, k, v, qo_indptr, kv_indptr, sm_scale = inputs
+    qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
+    qscale = torch.tensor(sm_scale * math.log2(math.e), dtype=F32)
+    (heads, dqk), (kv_heads, dv) = q.shape[1:], v.shape[1:]
+    group = heads // kv_heads
+    t = [qo[b] + i for i in queries]
+    off = (kv[b + 1] - kv[b]) - (qo[b + 1] - qo[b])
+    bound = torch.tensor([i + off + lookahead for i in queries for _ in range(group)]).clamp(max=kv[b + 1] - kv[b] - 1)
+    out = torch.empty(len(queries), heads, dv, dtype=torch.bfloat16)
+    lse = torch.empty(len(queries), heads, dtype=F32)
+    for g in range(kv_heads):
+        heads_g = slice(g * group, (g + 1) * group)
+        rows = q[t, heads_g].float().reshape(-1, dqk) * qscale          # fp32 product, rounded
+        keys, vals = (_lanes(x[kv[b]:kv[b + 1], g].float()) for x in (k, v))
+        o, s = walk(_lanes(rows), keys, vals, bound, **kw)
+        out[:, heads_g], lse[:, heads_g] = o.view(len(queries), group, dv), s.view(len(queries), group)
+    return out, lse
+
+
+MODELS = {"p05": p05_rows, "p15": p15_rows, "p08": ragged_rows, "p09": ragged_rows}
 
 
 def solve(pid: str, inputs, **kw):
@@ -169,22 +191,28 @@ def anchor_rows(pid: str, inputs, b: int, queries: list[int]):
     reference on fp64 copies of a 5,139-query sequence would need gigabytes)."""
     qo_at = 4 if pid == "p15" else 3
     qo, kv = inputs[qo_at].tolist(), inputs[qo_at + 1].tolist()
-    pages = inputs[qo_at + 2][kv[b]:kv[b + 1]].long()
+    ragged = pid in ("p08", "p09")
+    pages = torch.arange(kv[b], kv[b + 1]) if ragged else inputs[qo_at + 2][kv[b]:kv[b + 1]].long()
     t = [qo[b] + i for i in queries]
-    if pid == "p15":
+    if ragged:
+        q, k, v = (x.to(F64) for x in inputs[:3])
+        group = q.shape[1] // k.shape[1]
+        keys, vals = (x[pages].repeat_interleave(group, dim=1) for x in (k, v))      # [m, H, D]
+        logits = torch.einsum("qhd,khd->qhk", q[t], keys) * inputs[-1]
+    elif pid == "p15":
         q_nope, q_pe, ckv_cache, kpe_cache = (x.to(F64) for x in inputs[:4])
         ckv = ckv_cache[pages, 0]
         logits = (q_nope[t] @ ckv.T + q_pe[t] @ kpe_cache[pages, 0].T) * inputs[-1]   # [q, H, m]
-        vals = ckv[None]
+        vals = ckv[:, None].expand(-1, q_nope.shape[1], -1)
     else:
         q, k_cache, v_cache = (x.to(F64) for x in inputs[:3])
         logits = (q[t] @ k_cache[pages, 0, 0].T) * inputs[-1]
-        vals = v_cache[pages, 0, 0][None]
+        vals = v_cache[pages, 0, 0][:, None].expand(-1, q.shape[1], -1)
     off = (kv[b + 1] - kv[b]) - (qo[b + 1] - qo[b])
     hidden = torch.arange(pages.numel())[None, :] > torch.tensor(queries)[:, None] + off
     logits = logits.masked_fill(hidden[:, None, :], float("-inf"))
     lse = torch.logsumexp(logits, dim=-1) / math.log(2.0)
-    return torch.softmax(logits, dim=-1) @ vals, lse
+    return torch.einsum("qhk,khd->qhd", torch.softmax(logits, dim=-1), vals), lse
 
 
 def measure(pid: str, b: int, queries: list[int], **kw) -> dict:
@@ -205,6 +233,8 @@ def measure(pid: str, b: int, queries: list[int], **kw) -> dict:
 SLICES = {  # the longest sequences' last queries (the most keys) and first queries
     "p05": (53, list(range(5139 - 24, 5139)) + list(range(8))),
     "p15": (16, list(range(420 - 24, 420)) + list(range(8))),
+    "p08": (9, list(range(2678 - 24, 2678)) + list(range(8))),     # 2,678 queries, no cached prefix
+    "p09": (21, list(range(83 - 24, 83)) + list(range(8))),        # 83 queries + 64 cached keys
 }
 
 
