@@ -16,14 +16,14 @@ accumulator once.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from p49_model import _to_fp32  # noqa: E402  (fp32 rounding: "rn" or cut towards zero)
 
@@ -46,12 +46,7 @@ class cuda_division(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def load_problem(pid: str):
-    (path,) = sorted(ROOT.glob(f"problems/*/{pid[1:]}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"nvfp4_model_{pid}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+load_problem = numerics.load_problem
 
 
 def _twice_e2m1(y: torch.Tensor) -> torch.Tensor:

@@ -22,24 +22,19 @@ Run ``python tests/p49_model.py [tokens]`` for the full-scale measurement (16,38
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 F64 = torch.float64
 FP32_EPS = torch.finfo(torch.float32).eps
 
 
 def load_problem():
-    path = next((ROOT / "problems" / "moe").glob("49_*.py"))
-    spec = importlib.util.spec_from_file_location("problem_p49_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return numerics.load_problem("p49")
 
 
 @dataclass(frozen=True)

@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import torch
 
-from mkb import problems
 from mkb import tensortree as tt
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 F32, F64 = torch.float32, torch.float64
 EX2_ERR = 2.0 ** -22       # ex2.approx.f32: relative
 LG2_ERR = 2.0 ** -22.6     # lg2.approx.f32: absolute (the exponent is exact, the mantissa's log approximated)
 
 
-def load_problem(pid: str):
-    return problems.load_module(problems.resolve(pid, problems.load_catalog(ROOT / "problems")))
+load_problem = numerics.load_problem
 
 
 def tile_map(qo: list[int], qt: int, warps: int, ntiles_bound: int) -> list[tuple[int, int]]:

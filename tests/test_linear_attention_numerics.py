@@ -20,9 +20,6 @@ the 16 sequences, every head).
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,17 +27,9 @@ import torch.nn.functional as F
 
 from mkb import tensortree as tt
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 RT = 8          # p71: lanes per column
-
-
-def _problem(pid: str):
-    (path,) = sorted(ROOT.glob(f"problems/linear_attention/{pid[1:]}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"numerics_{pid}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -97,19 +86,14 @@ def p71_model(q, k, v, state, A_log, a, dt_bias, b, cu_seqlens, scale, order=(1,
 def _ratios(problem, inputs, order):
     out = p71_model(*inputs, order=order)
     ref = problem.reference(*inputs)
-    anchor = problem.reference(*(x.double() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs))
-    ratios = []
-    for name, o, rf, an in zip(("o", "state"), out, ref, anchor):
-        c = tt.compare(name, o, rf, an, 3.0)
-        assert c.ok, c.note
-        ratios.append(c.max_error / c.allowance)
-    return ratios
+    anchor = problem.reference(*numerics.fp64(inputs))
+    return [numerics.ratio(name, o, rf, an) for name, o, rf, an in zip(("o", "state"), out, ref, anchor)]
 
 
 @pytest.mark.parametrize("order", [(1, 2, 4), (4, 2, 1)], ids=["cutedsl", "tirx"])
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p71_kernel_arithmetic_is_well_inside_the_tolerance(scale, order):
-    problem = _problem("p71")
+    problem = numerics.load_problem("p71")
     torch.manual_seed(71)
     inputs = problem.make_inputs(device="cpu", scale="smoke" if scale == "smoke" else "full")
     if scale == "slice":  # v heads 4..11 (q/k heads 2..5), sequences (19, 31, 256 of the 890)
@@ -123,7 +107,7 @@ def test_p71_kernel_arithmetic_is_well_inside_the_tolerance(scale, order):
 
 def test_the_p71_model_is_the_recurrence():
     """The replay is the problem's recurrence (same inputs, same answer up to rounding), not a lookalike."""
-    problem = _problem("p71")
+    problem = numerics.load_problem("p71")
     torch.manual_seed(7)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
     o, final = p71_model(*inputs)
@@ -165,17 +149,12 @@ def p65_model(x, a, b, c):
 
 
 def _p65_ratio(problem, inputs) -> float:
-    out = p65_model(*inputs)
-    ref = problem.reference(*inputs)
-    anchor = problem.reference(*(t.double() for t in inputs))
-    c = tt.compare("y", out, ref, anchor, 3.0)
-    assert c.ok, c.note
-    return c.max_error / c.allowance
+    return numerics.judged_ratio(problem, inputs, p65_model(*inputs), "y")
 
 
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p65_kernel_arithmetic_is_well_inside_the_tolerance(scale):
-    problem = _problem("p65")
+    problem = numerics.load_problem("p65")
     torch.manual_seed(65)
     inputs = problem.make_inputs(device="cpu", scale="smoke" if scale == "smoke" else "full")
     if scale == "slice":  # 2 of the 16 sequences: every head, group and the full chunk of 128
@@ -185,7 +164,7 @@ def test_p65_kernel_arithmetic_is_well_inside_the_tolerance(scale):
 
 def test_a_wrong_p65_decay_is_caught():
     """The check can fail: the same replay with the decay's sign flipped is far outside the tolerance."""
-    problem = _problem("p65")
+    problem = numerics.load_problem("p65")
     torch.manual_seed(66)
     x, a, b, c = problem.make_inputs(device="cpu", scale="smoke")
     out = p65_model(x, -a, b, c)

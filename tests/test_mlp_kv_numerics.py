@@ -19,7 +19,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_solution_numerics import _problem, _ratio  # noqa: E402  (the FP8 replays' loader and tolerance ratio)
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
 
 
 def _bf(x: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ def _p42_kernel(input_ids, hidden, embed, enorm_w, hnorm_w, w_eh, eps):
 
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p42_dual_norm_and_gemm_inside_the_tolerance(scale):
-    problem = _problem("p42")
+    problem = numerics.load_problem("p42")
     torch.manual_seed(42)
     if scale == "smoke":
         inputs = problem.make_inputs(device="cpu", scale="smoke")
@@ -57,9 +57,7 @@ def test_p42_dual_norm_and_gemm_inside_the_tolerance(scale):
                   (1 + 0.1 * torch.randn(d)).to(bf), (1 + 0.1 * torch.randn(d)).to(bf),
                   (torch.randn(256, 2 * d) / (2 * d) ** 0.5).to(bf), problem.EPS]
     out = _p42_kernel(*inputs)
-    ref = problem.reference(*inputs)
-    anchor = problem.reference(*[t.double() if torch.is_tensor(t) and t.is_floating_point() else t for t in inputs])
-    assert _ratio(out, ref, anchor) < 0.5
+    assert numerics.judged_ratio(problem, inputs, out) < 0.5
 
 
 def _p20_kernel(qkv_lora, q_b_weight, positions, cos_sin_cache, slot_mapping, kv_cache, p):
@@ -83,7 +81,7 @@ def _p20_kernel(qkv_lora, q_b_weight, positions, cos_sin_cache, slot_mapping, kv
 
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p20_rope_is_bit_exact_and_q_inside_the_tolerance(scale):
-    problem = _problem("p20")
+    problem = numerics.load_problem("p20")
     torch.manual_seed(20)
     inputs = problem.make_inputs(device="cpu", scale="full" if scale == "slice" else "smoke")
     if scale == "slice":  # the full cache, cos/sin table and weight; 96 tokens, the last 5 padding
@@ -98,7 +96,7 @@ def test_p20_rope_is_bit_exact_and_q_inside_the_tolerance(scale):
                                anchor_cache.double())
     assert torch.equal(out_cache, ref_cache)           # kv_c copied, k_pe rotated with torch's bf16 rounding
     assert not torch.equal(out_cache, inputs[5])       # the slots were written
-    assert _ratio(out, ref, anchor) < 0.5
+    assert numerics.ratio("out", out, ref, anchor) < 0.5
 
 
 def _simt_gemm(x: torch.Tensor, w: torch.Tensor, bk: int = 32) -> torch.Tensor:
@@ -130,7 +128,7 @@ def _head_norm(t: torch.Tensor, weight: torch.Tensor, eps: float, masks) -> torc
 @pytest.mark.parametrize("dsl", ["cutedsl", "tirx"])
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p41_simt_gemm_and_head_norm_inside_the_tolerance(dsl, scale):
-    problem = _problem("p41")
+    problem = numerics.load_problem("p41")
     torch.manual_seed(41)
     if scale == "smoke":
         inputs = problem.make_inputs(device="cpu", scale="smoke")
@@ -151,4 +149,4 @@ def test_p41_simt_gemm_and_head_norm_inside_the_tolerance(dsl, scale):
     refs = problem.reference(*inputs)
     anchors = problem.reference(*[t.double() if torch.is_tensor(t) else t for t in inputs])
     for out, ref, anchor in zip(outs, refs, anchors):
-        assert _ratio(out.view(ref.shape), ref, anchor) < 0.5
+        assert numerics.ratio("out", out.view(ref.shape), ref, anchor) < 0.5

@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import nvfp4_model as m  # noqa: E402
+import numerics  # noqa: E402
 
-from mkb.tensortree import compare  # noqa: E402
 
 BF = torch.bfloat16
 
@@ -30,9 +30,7 @@ def _ratio(problem, inputs, out) -> float:
         ref = problem.reference(*inputs)
         anchor = problem.reference(*[t.double() if t.is_floating_point() and t.dtype in (BF, torch.float32) else t
                                      for t in inputs])
-    c = compare("out", out, ref, anchor, getattr(problem, "TOLERANCE", {}).get("factor", 3.0))
-    assert c.ok, c.note
-    return c.max_error / c.allowance
+    return numerics.ratio("out", out, ref, anchor, numerics.factor(problem))
 
 
 def test_cpu_and_cuda_torch_divide_by_a_python_number_differently():

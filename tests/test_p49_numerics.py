@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import p49_model as m  # noqa: E402
+import numerics  # noqa: E402
 
 from mkb.tensortree import compare  # noqa: E402
 
@@ -39,9 +40,8 @@ def _solve_on_cpu(inputs, acc_model: m.Accumulation):
 def _judge(problem, inputs, out):
     """The referee's comparison of each output (indices exact, weights under the tolerance rule)."""
     ref = problem.reference(*inputs)
-    anchor = problem.reference(*[t.to(m.F64) if torch.is_tensor(t) and t.is_floating_point() else t
-                                 for t in inputs])
-    factor = getattr(problem, "TOLERANCE", {}).get("factor", 3.0)
+    anchor = problem.reference(*numerics.fp64(inputs))
+    factor = numerics.factor(problem)
     return [compare(f"out[{i}]", o, r, a, factor) for i, (o, r, a) in enumerate(zip(out, ref, anchor))]
 
 

@@ -11,27 +11,19 @@ Checked at smoke scale and on a full-scale slice (K = 2880, N = 5760 / 2880: the
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from mkb.tensortree import compare
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 BK = 16        # the kernels' k-tile = the length of one FMA chain
 F32, F64 = torch.float32, torch.float64
 
 
 def _problem():
-    (path,) = sorted(ROOT.glob("problems/moe/51_*.py"))
-    spec = importlib.util.spec_from_file_location("numerics_p51", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return numerics.load_problem("p51")
 
 
 def simt_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -93,11 +85,7 @@ def _full_slice(tokens: int, experts: int, seed: int):
 
 def _ratio(problem, inputs, out) -> float:
     """max error / allowance under the judge's rule (1.0 = at the limit)."""
-    ref = problem.reference(*inputs)
-    anchor = problem.reference(*[t.to(F64) if t.is_floating_point() else t for t in inputs])
-    c = compare("out", out, ref, anchor, 3.0)
-    assert c.ok, c.note
-    return c.max_error / c.allowance
+    return numerics.judged_ratio(problem, inputs, out)
 
 
 @pytest.mark.parametrize("fp64_sigmoid", [False, True], ids=["cutedsl", "tirx"])

@@ -9,26 +9,14 @@ rounded to fp32, times x_scale * w_scale, summed in fp32) must stay inside the j
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from mkb import tensortree as tt
 
-ROOT = Path(__file__).resolve().parents[1]
+import numerics  # noqa: E402  (tests/: the replays' shared loader and tolerance ratio)
+
 BLOCK, FP8_MAX = 128, 448.0
-
-
-def _problem(pid: str):
-    (path,) = sorted(ROOT.glob(f"problems/*/{pid[1:]}_*.py"))
-    spec = importlib.util.spec_from_file_location(f"numerics_{pid}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _kernel_quantize(t: torch.Tensor, rows: int, cols: int, fp64_division: bool):
@@ -61,13 +49,6 @@ def _block_gemm(xq, xs, wq, ws) -> torch.Tensor:
     return acc
 
 
-def _ratio(out, ref, anchor) -> float:
-    """max error / allowance of the judge's tolerance rule (1.0 = at the limit)."""
-    c = tt.compare("out", out, ref, anchor, 3.0)
-    assert c.ok, c.note
-    return c.max_error / c.allowance
-
-
 def _slice_inputs(full, rows: int, cols: int | None = None):
     """p52's full-scale structure, cut to rows tokens (and cols output channels)."""
     x, w, b = full
@@ -77,7 +58,7 @@ def _slice_inputs(full, rows: int, cols: int | None = None):
 @pytest.mark.parametrize("fp64_division", [False, True], ids=["cutedsl", "tirx"])
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p52_dsl_quantization_is_bit_exact_and_the_gemm_inside_the_tolerance(fp64_division, scale):
-    problem = _problem("p52")
+    problem = numerics.load_problem("p52")
     torch.manual_seed(52)
     if scale == "smoke":
         x, w, bias = problem.make_inputs(device="cpu", scale="smoke")
@@ -97,13 +78,13 @@ def test_p52_dsl_quantization_is_bit_exact_and_the_gemm_inside_the_tolerance(fp6
     out = (_block_gemm(xq, xs, wq, ws) + bias.float()).to(torch.bfloat16)
     ref = problem.reference(x, w, bias)
     anchor = problem.reference(x.double(), w.double(), bias.double())
-    assert _ratio(out, ref, anchor) < 0.5
+    assert numerics.ratio("out", out, ref, anchor) < 0.5
 
 
 @pytest.mark.parametrize("dsl", ["cutedsl", "tirx"])
 @pytest.mark.parametrize("scale", ["smoke", "slice"])
 def test_p53_relayout_and_gemm_inside_the_tolerance(dsl, scale):
-    problem = _problem("p53")
+    problem = numerics.load_problem("p53")
     torch.manual_seed(53)
     qx, sx, qg, sg, qu, su = problem.make_inputs(device="cpu", scale="smoke")
     if scale == "slice":  # full-scale K = 3584, 48 tokens x 256 gate/up channels
@@ -122,4 +103,4 @@ def test_p53_relayout_and_gemm_inside_the_tolerance(dsl, scale):
     out = (g / (1 + torch.exp(-g)) * u).bfloat16()
     ref = problem.reference(qx, sx, qg, sg, qu, su)
     anchor = problem.reference(qx, sx.double(), qg, sg.double(), qu, su.double())
-    assert _ratio(out, ref, anchor) < 0.5
+    assert numerics.ratio("out", out, ref, anchor) < 0.5
