@@ -30,6 +30,9 @@ from mkb.judge.referee.verdict import Failure
 from mkb.records import Status
 
 NULL_CALLS = 30
+NULL_PLAIN_CALLS = 10
+"""Empty calls without the refill (before 2026-12-03's third session the only kind), kept in
+details.timing.null.unrefilled to show what the refill adds."""
 BAND_FRACTION, BAND_FLOOR_MS = 0.25, 0.3
 """The candidate's in-process figure is accepted when it is at least the trusted figure minus
 max(this fraction of it, the floor). Measured on the H200 (2026-12-02, 25 gradings of honest
@@ -158,6 +161,8 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
         e_slots, _ = referee.transport.slots(referee.like, "te")
         e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
+        null["unrefilled"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,
+                                                                  timed=NULL_PLAIN_CALLS, refill=False))
         runs = timing.run_calls(e_bracket, pool, flush=flush) if timed else []
         eager.spin = False
         profile = {}

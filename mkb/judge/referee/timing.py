@@ -171,12 +171,18 @@ def flush_buffer() -> torch.Tensor:
 
 
 def run_calls(bracket: Bracket, pool: Pool, *, null: bool = False, flush: torch.Tensor | None = None,
-              warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None) -> list[dict]:
-    """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used."""
+              warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None,
+              refill: bool = True) -> list[dict]:
+    """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used.
+
+    An empty call (null) refills its set before every call unless refill is False, so that it carries
+    what a timed call carries: the referee's own GPU work right before the bracket, which makes the
+    harness's context wait for the GPU to switch back to it.
+    """
     results, total = [], warmup + timed
     for k in range(total):
         s = k % pool.size
-        if s in pool.used and not null:
+        if (s in pool.used and not null) or (null and refill):
             pool.refresh(s)
         result = bracket.call(k, s, null=null, flush=flush)
         if not null:
