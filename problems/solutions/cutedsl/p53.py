@@ -1,12 +1,16 @@
-"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in CuTe DSL.
+"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in CuTe DSL, relayout in the DSL too.
 
-Kernel 1: h = dequant(x) @ dequant(W).T on tensor cores: 64x128 CTA tiles, TMA into a 4-stage
-mbarrier pipeline, four WGMMA m64n128k32 e4m3 x e4m3 -> fp32 per 128-wide K block into a scratch
-accumulator that is promoted into the fp32 accumulator with x_scale[row, kb] * w_scale[n-block, kb];
-h is stored in bf16.  Kernel 2: out = silu(h[:, :I]) * h[:, I:] in fp32 (128-bit accesses), rounded to
-bf16.  fp8 tensors travel as uint8 views and are re-typed to e4m3 inside the kernel.
-The problem gives the gate and up weights K-major ([3584, 18944] each); eager torch stacks them
-N-major into one [2 x 18944, 3584] weight (gate rows first) with matching block scales.
+Kernel 1 (Relayout, two launches): the problem gives the gate and up weights K-major ([3584, 18944] e4m3
+each, 128x128 scales [28, 148]); FP8 WGMMA reads both operands K-major only, so each 128x128 block is
+transposed through shared memory (16-byte coalesced loads of 128 K rows, byte gathers down the columns,
+16-byte stores) into one stacked N-major [2 x 18944, 3584] code matrix (gate rows first), and its scale
+is written transposed into the stacked [296, 28] scales.  Codes are moved as bytes: bit for bit.
+Kernel 2 (Fp8BlockGemm, the shipped p53 core unchanged): h = dequant(x) @ dequant(W).T on tensor cores:
+64x128 CTA tiles, TMA into a 4-stage mbarrier pipeline, four WGMMA m64n128k32 e4m3 x e4m3 -> fp32 per
+128-wide K block into a scratch accumulator promoted into the fp32 accumulator with
+x_scale[row, kb] * w_scale[n-block, kb]; h is stored in bf16.
+Kernel 3 (SwiGLU, shipped): out = silu(h[:, :I]) * h[:, I:] in fp32 (128-bit accesses), rounded to bf16.
+fp8 tensors travel as uint8 views and are re-typed to e4m3 inside the GEMM; torch only allocates.
 """
 import torch
 
@@ -22,6 +26,42 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 BLOCK = 128
 THREADS = 256
 VEC = 8
+
+
+ROW_PAD = 144                 # shared-memory row stride of a staged block (16-byte rows, fewer bank conflicts)
+CHUNKS = BLOCK * BLOCK // 16 // THREADS   # 16-byte chunks per thread and phase
+
+
+class Relayout:
+    """dst[n, k] = src[k, n] (uint8 codes) and dst_scales[nb, kb] = src_scales[kb, nb]: one CTA per 128x128 block."""
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, src_scales: cute.Tensor, dst: cute.Tensor, dst_scales: cute.Tensor, stream):
+        self.kernel(src, src_scales, dst, dst_scales).launch(
+            grid=[src.shape[0] // BLOCK, src.shape[1] // BLOCK, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, src_scales: cute.Tensor, dst: cute.Tensor, dst_scales: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        kb, nb, _ = cute.arch.block_idx()
+        tile = cutlass.memory.SmemAllocator().allocate_tensor(
+            cutlass.Uint8, cute.make_layout((BLOCK, ROW_PAD), stride=(ROW_PAD, 1)), byte_alignment=16)
+        if tidx == 0:
+            dst_scales[nb, kb] = src_scales[kb, nb]
+        for i in cutlass.range_constexpr(CHUNKS):      # chunk j: K row j // 8, N bytes (j % 8) * 16 ..
+            j = i * THREADS + tidx
+            r = cute.make_rmem_tensor((16,), cutlass.Uint8)
+            cute.autovec_copy(cute.zipped_divide(src[kb * BLOCK + j // 8, None], (16,))[None, nb * 8 + j % 8], r)
+            cute.autovec_copy(r, cute.zipped_divide(tile[j // 8, None], (16,))[None, j % 8])
+        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(CHUNKS):      # chunk j: N row j % 128, K bytes (j // 128) * 16 ..
+            j = i * THREADS + tidx
+            n = j % BLOCK
+            k0 = (j // BLOCK) * 16
+            o = cute.make_rmem_tensor((16,), cutlass.Uint8)
+            for e in cutlass.range_constexpr(16):
+                o[e] = tile[k0 + e, n]
+            cute.autovec_copy(o, cute.zipped_divide(dst[nb * BLOCK + n, None], (16,))[None, kb * 8 + j // BLOCK])
 
 
 class Fp8BlockGemm:
@@ -193,14 +233,22 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare_fused(x, w_gate_up, arch=None):
-    k, n = x.shape[1], w_gate_up.shape[0]
-    assert k % BLOCK == 0 and n % BLOCK == 0 and (n // 2) % VEC == 0
+def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
+    k, inter = qw_gate.shape
+    n = 2 * inter
+    assert qx.shape[1] == k and qw_up.shape == (k, inter), (qx.shape, qw_gate.shape, qw_up.shape)
+    assert k % BLOCK == 0 and inter % BLOCK == 0 and inter % VEC == 0, (k, inter)
     if (k, n) not in _COMPILED:
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
         m = cute.sym_int()
         u8, bf = cutlass.Uint8, cutlass.BFloat16
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        relayout = cute.compile(Relayout(),
+                                make_fake_compact_tensor(u8, (k, inter), stride_order=(1, 0), assumed_align=16),
+                                make_fake_compact_tensor(Float32, (k // BLOCK, inter // BLOCK), stride_order=(1, 0)),
+                                make_fake_compact_tensor(u8, (inter, k), stride_order=(1, 0), assumed_align=16),
+                                make_fake_compact_tensor(Float32, (inter // BLOCK, k // BLOCK), stride_order=(1, 0)),
+                                stream, options=opts)
         fh = make_fake_compact_tensor(bf, (m, n), stride_order=(1, 0), assumed_align=16)
         gemm = cute.compile(Fp8BlockGemm(with_bias=False),
                             make_fake_compact_tensor(u8, (m, k), stride_order=(1, 0), assumed_align=16),
@@ -208,35 +256,24 @@ def _prepare_fused(x, w_gate_up, arch=None):
                             make_fake_compact_tensor(u8, (n, k), stride_order=(1, 0), assumed_align=16),
                             make_fake_compact_tensor(Float32, (n // BLOCK, k // BLOCK), stride_order=(1, 0)),
                             make_fake_compact_tensor(bf, (n,), assumed_align=16), fh, stream, options=opts)
-        act = cute.compile(SwiGLU(n // 2), fh,
-                           make_fake_compact_tensor(bf, (m, n // 2), stride_order=(1, 0), assumed_align=16),
+        act = cute.compile(SwiGLU(inter), fh,
+                           make_fake_compact_tensor(bf, (m, inter), stride_order=(1, 0), assumed_align=16),
                            stream, options=opts)
-        _COMPILED[(k, n)] = (gemm, act)
+        _COMPILED[(k, n)] = (relayout, gemm, act)
     return list(_COMPILED[(k, n)])
 
 
-def _solve_fused(x, x_scale, w_gate_up, w_scale):
-    gemm, act = _prepare_fused(x, w_gate_up)
-    tokens, n = x.shape[0], w_gate_up.shape[0]
-    h = torch.empty(tokens, n, dtype=torch.bfloat16, device=x.device)
-    dummy_bias = torch.empty(n, dtype=torch.bfloat16, device=x.device)        # unused (no-bias epilogue)
-    gemm(x.contiguous().view(torch.uint8), x_scale.to(torch.float32).contiguous(),
-         w_gate_up.contiguous().view(torch.uint8), w_scale.to(torch.float32).contiguous(), dummy_bias, h)
-    out = torch.empty(tokens, n // 2, dtype=torch.bfloat16, device=x.device)
+def solve(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up):
+    relayout, gemm, act = _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up)
+    (tokens, k), inter, dev = qx.shape, qw_gate.shape[1], qx.device
+    w = torch.empty(2 * inter, k, dtype=torch.uint8, device=dev)      # [W_gate.T; W_up.T] codes, N-major
+    ws = torch.empty(2 * inter // BLOCK, k // BLOCK, dtype=torch.float32, device=dev)
+    half = inter // BLOCK
+    relayout(qw_gate.view(torch.uint8), scale_gate, w[:inter], ws[:half])
+    relayout(qw_up.view(torch.uint8), scale_up, w[inter:], ws[half:])
+    h = torch.empty(tokens, 2 * inter, dtype=torch.bfloat16, device=dev)
+    unused_bias = torch.empty(2 * inter, dtype=torch.bfloat16, device=dev)     # no-bias epilogue
+    gemm(qx.view(torch.uint8), scale_x, w, ws, unused_bias, h)
+    out = torch.empty(tokens, inter, dtype=torch.bfloat16, device=dev)
     act(h, out)
     return out
-
-
-def _fused(qw_gate, scale_gate, qw_up, scale_up):
-    """The problem's K-major gate and up weights ([K, I] each, 128x128 scales [K/128, I/128]) as one
-    N-major [2I, K] weight (gate rows first) with [2I/128, K/128] scales: the layout the kernel reads."""
-    w = torch.cat([qw_gate.view(torch.uint8).t(), qw_up.view(torch.uint8).t()]).contiguous()
-    return w.view(torch.float8_e4m3fn), torch.cat([scale_gate.t(), scale_up.t()]).to(torch.float32).contiguous()
-
-
-def solve(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up):
-    return _solve_fused(qx, scale_x, *_fused(qw_gate, scale_gate, qw_up, scale_up))
-
-
-def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
-    return _prepare_fused(qx, torch.empty(2 * qw_gate.shape[1], qx.shape[1], device="meta"), arch=arch)

@@ -1,14 +1,21 @@
-"""p49 group-limited top-8 MoE routing (Ring-flash-2.0) in TIRx: WGMMA router GEMM + fused routing.
+"""p49 group-limited top-8 MoE routing (Ring-flash-2.0) in TIRx: WGMMA router GEMM with per-block
+promotion + fused routing and weights.
 
 Kernel 1: logits = hidden @ gate_weight.T on tensor cores: TMA (cp.async.bulk.tensor, 128B swizzle)
-+ mbarrier + WGMMA m64n128k16 bf16 with fp32 accumulators, 64x128 CTA tiles; fp32 logits out
-(bf16 x bf16 products are exact in fp32, so this matches the fp32 reference up to summation order).
-Kernel 2: one warp per token does the whole routing: sigmoid (fp64, rounded once), + bias, group
++ mbarrier + WGMMA m64n128k16 bf16, 64x128 CTA tiles (the two N tiles of an M tile adjacent in the
+grid); fp32 logits out.  Per-block promotion: each K block of 64 (four k16 WGMMAs) accumulates into a
+zeroed scratch fragment, which is added to the main fp32 accumulator with an ordinary round-to-nearest
+fp32 add, so the tensor core's own accumulation (aligned, cut towards zero) never spans more than 64
+of K=4096 (the plain chain measured 1.2-1.5x the judge's allowance on the H200; tests/p49_model.py
+models both).
+Kernel 2: one warp per token does the whole routing: sigmoid (fp64, rounded once), + bf16 bias, group
 score = top-2 sum per group (shuffle merge across the 4 lanes of a group), top-4 groups, then 8 rounds
-of a warp arg-max (value, then lower index) for the top-8 in descending order, and the normalised,
-weights (sum and division in fp64); eager torch applies the routed scaling factor and widens the
-indices to int64.
+of a warp arg-max (value, then lower index) for the top-8 in descending order as int64.  The weights
+are computed in fp64 from each winner's fp32 logit (sigmoid, sum in choice order, division, x routed
+scaling factor) and rounded once to fp32.  Torch only allocates the outputs.
 """
+import struct
+
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
 import tvm
@@ -57,6 +64,7 @@ def gemm_f32(a: T.handle, b: T.handle, c: T.handle):
     bar = T.shared_scalar("uint64")
     phase = T.alloc_local((1,), "int32")
     acc = T.alloc_buffer((NACC,), "float32", scope="local")
+    part = T.alloc_buffer((NACC,), "float32", scope="local")
     descA = T.alloc_local((1,), "uint64")
     descB = T.alloc_local((1,), "uint64")
     if tx == 0:
@@ -73,18 +81,22 @@ def gemm_f32(a: T.handle, b: T.handle, c: T.handle):
             T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bar), T.uint32((BM + BN) * BK * 2))
         T.cuda.mbarrier_wait(T.address_of(bar), phase[0])
         phase[0] = phase[0] ^ 1
+        for i in T.unroll(NACC):                  # a fresh partial sum per K block of 64
+            part[i] = T.float32(0)
         for i in T.unroll(NACC):
-            T.cuda.wgmma.noop_barrier(acc[i])
+            T.cuda.wgmma.noop_barrier(part[i])
         T.ptx.wgmma.fence.sync.aligned()
         for kk in T.unroll(BK // 16):
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA[0]), A_s.ptr_to([0, kk * 16]), 1, 64, SWIZZLE_128B)
             T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB[0]), B_s.ptr_to([0, kk * 16]), 1, 64, SWIZZLE_128B)
-            T.ptx[WGMMA](*[acc[i] for i in range(NACC)], descA[0], descB[0], T.bool(True), 1, 1, 0, 0)
+            T.ptx[WGMMA](*[part[i] for i in range(NACC)], descA[0], descB[0], T.bool(True), 1, 1, 0, 0)
         T.ptx.wgmma.commit_group.sync.aligned()
         T.ptx.wgmma.wait_group.sync.aligned(0)
         for i in T.unroll(NACC):
-            T.cuda.wgmma.noop_barrier(acc[i])
-        T.cuda.cta_sync()
+            T.cuda.wgmma.noop_barrier(part[i])
+        for i in T.unroll(NACC):                  # promotion: one round-to-nearest fp32 add per K block
+            acc[i] = acc[i] + part[i]
+        T.cuda.cta_sync()                         # smem is reused by the next TMA load
     for i in T.unroll(NACC // 4):
         for h in T.unroll(2):
             for j in T.unroll(2):
@@ -94,28 +106,35 @@ def gemm_f32(a: T.handle, b: T.handle, c: T.handle):
                     C[row, col] = acc[i * 4 + h * 2 + j]
 
 
-def _make_router(E: int):
+def _f64(x: float):
+    """An exact float64 immediate: TIRx prints float64 constants with 15 decimals (1e-20 becomes 0)."""
+    return T.reinterpret("float64", T.int64(struct.unpack("<q", struct.pack("<d", x))[0]))
+
+
+def _make_router(E: int, scale: float):
+    tiny, factor = _f64(1e-20), _f64(scale)
+
     @T.prim_func
     def router(l_h: T.handle, b_h: T.handle, i_h: T.handle, w_h: T.handle):
         ntok = T.int32()
         LG = T.match_buffer(l_h, (ntok, E), "float32", align=16)
-        BIAS = T.match_buffer(b_h, (E,), "float32", align=16)
-        IDX = T.match_buffer(i_h, (ntok, TOP_K), "int32")
+        BIAS = T.match_buffer(b_h, (E,), "bfloat16", align=16)
+        IDX = T.match_buffer(i_h, (ntok, TOP_K), "int64")
         W = T.match_buffer(w_h, (ntok, TOP_K), "float32")
         T.device_entry()
         bx = T.cta_id([T.ceildiv(ntok, 4)])
         tx = T.thread_id([128])
         rl = T.alloc_local((8,), "float32")
-        rb = T.alloc_local((8,), "float32")
-        sc = T.alloc_local((8,), "float32")
+        rb = T.alloc_local((8,), "bfloat16")
         val = T.alloc_local((8,), "float32")
         tt = T.alloc_local((2,), "float32")          # top-1, top-2 of the group
-        best = T.alloc_local((2,), "float32")        # value, score of the running arg-max
+        best = T.alloc_local((2,), "float32")        # value, logit of the running arg-max
         bi = T.alloc_local((1,), "int32")
         rank = T.alloc_local((1,), "int32")
-        mine = T.alloc_local((2,), "float32")        # this lane's chosen score (lanes < 8)
+        mine = T.alloc_local((1,), "float64")        # this lane's chosen score (lanes < 8)
         mi = T.alloc_local((1,), "int32")
         ssum = T.alloc_local((1,), "float64")
+        sk = T.alloc_local((1,), "float64")
         lane: T.let = tx % 32
         t: T.let = bx * 4 + tx // 32
         if t < ntok:
@@ -124,8 +143,8 @@ def _make_router(E: int):
             tt[0] = T.float32("-inf")
             tt[1] = T.float32("-inf")
             for e in T.unroll(8):
-                sc[e] = T.Cast("float32", T.float64(1) / (T.float64(1) + T.exp(-T.Cast("float64", rl[e]))))
-                val[e] = sc[e] + rb[e]
+                val[e] = T.Cast("float32", T.float64(1) / (T.float64(1) + T.exp(-T.Cast("float64", rl[e])))) + \
+                    T.Cast("float32", rb[e])
                 tt[1] = T.max(tt[1], T.min(tt[0], val[e]))
                 tt[0] = T.max(tt[0], val[e])
             for sh in T.unroll(2):
@@ -143,7 +162,7 @@ def _make_router(E: int):
                 for e in T.unroll(8):
                     val[e] = T.float32(0)
             ssum[0] = T.float64(0)
-            mine[0] = T.float32(0)
+            mine[0] = T.float64(0)
             mi[0] = 0
             for k in T.unroll(TOP_K):
                 best[0] = T.float32("-inf")
@@ -152,26 +171,28 @@ def _make_router(E: int):
                 for e in T.unroll(8):
                     if val[e] > best[0]:
                         best[0] = val[e]
-                        best[1] = sc[e]
+                        best[1] = rl[e]
                         bi[0] = lane * 8 + e
                 for sh in T.unroll(5):
                     ov: T.float32 = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), best[0], 1 << sh, 32, 32)
-                    os_: T.float32 = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), best[1], 1 << sh, 32, 32)
+                    ol: T.float32 = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), best[1], 1 << sh, 32, 32)
                     oi: T.int32 = T.tvm_warp_shuffle_xor(T.uint32(0xFFFFFFFF), bi[0], 1 << sh, 32, 32)
                     if ov > best[0] or (ov == best[0] and oi < bi[0]):
                         best[0] = ov
-                        best[1] = os_
+                        best[1] = ol
                         bi[0] = oi
                 for e in T.unroll(8):
                     if bi[0] == lane * 8 + e:
                         val[e] = T.float32("-inf")
-                ssum[0] = ssum[0] + T.Cast("float64", best[1])
+                # every lane holds the winner's fp32 logit: the same fp64 score, the same sum, in choice order
+                sk[0] = T.float64(1) / (T.float64(1) + T.exp(-T.Cast("float64", best[1])))
+                ssum[0] = ssum[0] + sk[0]
                 if lane == k:
                     mi[0] = bi[0]
-                    mine[0] = best[1]
+                    mine[0] = sk[0]
             if lane < TOP_K:
-                IDX[t, lane] = mi[0]
-                W[t, lane] = T.Cast("float32", T.Cast("float64", mine[0]) / ssum[0])
+                IDX[t, lane] = T.Cast("int64", mi[0])
+                W[t, lane] = T.Cast("float32", mine[0] / (ssum[0] + tiny) * factor)
 
     return router
 
@@ -190,23 +211,24 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(hidden_states, gate_weight, expert_bias, *rest, arch=None):
+def _prepare(hidden_states, gate_weight, expert_bias, routed_scaling_factor, arch=None):
     experts = gate_weight.shape[0]
     assert experts == 256 and hidden_states.shape[1] % 8 == 0
-    if experts not in _COMPILED:
+    key = (experts, float(routed_scaling_factor))
+    if key not in _COMPILED:
         a = arch or _arch()
-        _COMPILED[experts] = (_build(gemm_f32, a), _build(_make_router(experts), a))
-    return list(_COMPILED[experts])
+        _COMPILED[key] = (_build(gemm_f32, a), _build(_make_router(experts, float(routed_scaling_factor)), a))
+    return list(_COMPILED[key])
 
 
 def solve(hidden_states, gate_weight, expert_bias, routed_scaling_factor):
-    gemm, router = _prepare(hidden_states, gate_weight, expert_bias)
+    gemm, router = _prepare(hidden_states, gate_weight, expert_bias, routed_scaling_factor)
     tokens = hidden_states.shape[0]
     experts = gate_weight.shape[0]
     dev = hidden_states.device
     logits = torch.empty(tokens, experts, dtype=torch.float32, device=dev)
-    gemm(hidden_states.contiguous(), gate_weight.contiguous(), logits)
-    indices = torch.empty(tokens, TOP_K, dtype=torch.int32, device=dev)
+    gemm(hidden_states, gate_weight, logits)
+    indices = torch.empty(tokens, TOP_K, dtype=torch.int64, device=dev)
     weights = torch.empty(tokens, TOP_K, dtype=torch.float32, device=dev)
-    router(logits, expert_bias.to(torch.float32).contiguous(), indices, weights)
-    return indices.to(torch.int64), weights * routed_scaling_factor
+    router(logits, expert_bias, indices, weights)
+    return indices, weights

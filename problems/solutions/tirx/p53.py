@@ -1,14 +1,17 @@
-"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in TIRx: one fused FP8 WGMMA kernel.
+"""p53 FP8 block-scaled gate/up projections + SiLU gating (3584 -> 2 x 18944) in TIRx, relayout in the DSL too.
 
-h = dequant(x) @ dequant(W).T, out = silu(h[:, :I]) * h[:, I:], x e4m3 (1x128 scales), W e4m3 (128x128).
-A CTA owns 64 rows x 64 output columns: its B tile stacks the 64 gate rows n0.. and the 64 up rows
-I+n0.. (two TMA boxes into one 128-row, 128B-swizzled smem tile), so one WGMMA m64n128k32 chain yields
-the gate and up values of the same outputs in the same thread (fragment columns c and c+64).  Per
-128-wide K block the raw tensor-core product is promoted into the fp32 accumulator with the block
-scales (gate and up halves use their own weight-block scale).  Epilogue: silu(gate) * up in fp32, one
-rounding to bf16.
-The problem gives the gate and up weights K-major ([3584, 18944] each); eager torch stacks them
-N-major into one [2 x 18944, 3584] weight (gate rows first) with matching block scales.
+Kernel 1 (relayout, two launches): the problem gives the gate and up weights K-major ([3584, 18944] e4m3
+each, 128x128 scales [28, 148]); FP8 WGMMA reads both operands K-major only, so each 128x128 block is
+transposed through shared memory (16-byte coalesced loads of 128 K rows, byte gathers down the columns,
+16-byte stores) into one stacked N-major [2 x 18944, 3584] code matrix (gate rows first), and its scale
+is written transposed into the stacked [296, 28] scales.  Codes are moved as bytes: bit for bit.
+Kernel 2 (the shipped p53 fused kernel, unchanged): h = dequant(x) @ dequant(W).T, out = silu(h[:, :I]) *
+h[:, I:], x e4m3 (1x128 scales), W e4m3 (128x128).  A CTA owns 64 rows x 64 output columns: its B tile
+stacks the 64 gate rows n0.. and the 64 up rows I+n0.. (two TMA boxes into one 128-row, 128B-swizzled
+smem tile), so one WGMMA m64n128k32 chain yields the gate and up values of the same outputs in the same
+thread (fragment columns c and c+64).  Per 128-wide K block the raw tensor-core product is promoted into
+the fp32 accumulator with the block scales (gate and up halves use their own weight-block scale).
+Epilogue: silu(gate) * up in fp32, one rounding to bf16.  torch only allocates.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -122,6 +125,39 @@ def fp8_gemm_swiglu(a: T.handle, sa: T.handle, b: T.handle, sb: T.handle, c: T.h
                     C[row, col] = T.Cast("bfloat16", g / (T.float32(1) + T.exp(-g)) * acc[(i + 8) * 4 + h * 2 + j])
 
 
+THREADS = 256
+ROW_PAD = 144                      # shared-memory row stride of a staged block (16-byte rows)
+CHUNKS = BLOCK * BLOCK // 16 // THREADS   # 16-byte chunks per thread and phase
+
+
+@T.prim_func
+def relayout(s_h: T.handle, ss_h: T.handle, d_h: T.handle, ds_h: T.handle):
+    """D[n, k] = S[k, n] (codes as bytes), DS[nb, kb] = SS[kb, nb]: one CTA per 128x128 block."""
+    KB = T.int32()
+    NB = T.int32()
+    S = T.match_buffer(s_h, (KB * BLOCK, NB * BLOCK), "uint8", align=16)
+    SS = T.match_buffer(ss_h, (KB, NB), "float32")
+    D = T.match_buffer(d_h, (NB * BLOCK, KB * BLOCK), "uint8", align=16)
+    DS = T.match_buffer(ds_h, (NB, KB), "float32")
+    T.device_entry()
+    kb, nb = T.cta_id([KB, NB])
+    tx = T.thread_id([THREADS])
+    tile = T.alloc_buffer((BLOCK, ROW_PAD), "uint8", scope="shared", align=16)
+    r = T.alloc_local((16,), "uint8")
+    o = T.alloc_local((16,), "uint8")
+    if tx == 0:
+        DS[nb, kb] = SS[kb, nb]
+    for i in T.unroll(CHUNKS):         # chunk i * 256 + tx: K row i * 32 + tx // 8, N bytes (tx % 8) * 16 ..
+        T.tile.copy(r[:], S[kb * BLOCK + i * 32 + tx // 8, nb * BLOCK + (tx % 8) * 16:nb * BLOCK + (tx % 8) * 16 + 16])
+        T.tile.copy(tile[i * 32 + tx // 8, (tx % 8) * 16:(tx % 8) * 16 + 16], r[:])
+    T.cuda.cta_sync()
+    for i in T.unroll(CHUNKS):         # chunk i * 256 + tx: N row tx % 128, K bytes (2i + tx // 128) * 16 ..
+        for e in T.unroll(16):
+            o[e] = tile[(2 * i + tx // 128) * 16 + e, tx % 128]
+        T.tile.copy(D[nb * BLOCK + tx % 128, kb * BLOCK + (2 * i + tx // 128) * 16:kb * BLOCK + (2 * i + tx // 128) * 16 + 16],
+                    o[:])
+
+
 _COMPILED = {}
 
 
@@ -136,32 +172,24 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare_fused(x, w_gate_up, arch=None):
-    assert x.shape[1] % BK == 0 and (w_gate_up.shape[0] // 2) % HALF == 0
+def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
+    k, inter = qw_gate.shape
+    assert qx.shape[1] == k and qw_up.shape == (k, inter), (qx.shape, qw_gate.shape, qw_up.shape)
+    assert k % BK == 0 and inter % BLOCK == 0 and inter % HALF == 0, (k, inter)
     if "gemm" not in _COMPILED:
-        _COMPILED["gemm"] = _build(fp8_gemm_swiglu, arch or _arch())
-    return [_COMPILED["gemm"]]
-
-
-def _solve_fused(x, x_scale, w_gate_up, w_scale):
-    (gemm,) = _prepare_fused(x, w_gate_up)
-    inter = w_gate_up.shape[0] // 2
-    out = torch.empty(x.shape[0], inter, dtype=torch.bfloat16, device=x.device)
-    gemm(x.contiguous().view(torch.uint8), x_scale.to(torch.float32).contiguous(),
-         w_gate_up.contiguous().view(torch.uint8), w_scale.to(torch.float32).contiguous(), out)
-    return out
-
-
-def _fused(qw_gate, scale_gate, qw_up, scale_up):
-    """The problem's K-major gate and up weights ([K, I] each, 128x128 scales [K/128, I/128]) as one
-    N-major [2I, K] weight (gate rows first) with [2I/128, K/128] scales: the layout the kernel reads."""
-    w = torch.cat([qw_gate.view(torch.uint8).t(), qw_up.view(torch.uint8).t()]).contiguous()
-    return w.view(torch.float8_e4m3fn), torch.cat([scale_gate.t(), scale_up.t()]).to(torch.float32).contiguous()
+        arch = arch or _arch()
+        _COMPILED["gemm"] = (_build(relayout, arch), _build(fp8_gemm_swiglu, arch))
+    return list(_COMPILED["gemm"])
 
 
 def solve(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up):
-    return _solve_fused(qx, scale_x, *_fused(qw_gate, scale_gate, qw_up, scale_up))
-
-
-def _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up, arch=None):
-    return _prepare_fused(qx, torch.empty(2 * qw_gate.shape[1], qx.shape[1], device="meta"), arch=arch)
+    relayout_exe, gemm = _prepare(qx, scale_x, qw_gate, scale_gate, qw_up, scale_up)
+    (tokens, k), inter, dev = qx.shape, qw_gate.shape[1], qx.device
+    w = torch.empty(2 * inter, k, dtype=torch.uint8, device=dev)      # [W_gate.T; W_up.T] codes, N-major
+    ws = torch.empty(2 * inter // BLOCK, k // BLOCK, dtype=torch.float32, device=dev)
+    half = inter // BLOCK
+    relayout_exe(qw_gate.view(torch.uint8), scale_gate, w[:inter], ws[:half])
+    relayout_exe(qw_up.view(torch.uint8), scale_up, w[inter:], ws[half:])
+    out = torch.empty(tokens, inter, dtype=torch.bfloat16, device=dev)
+    gemm(qx.view(torch.uint8), scale_x, w, ws, out)
+    return out
