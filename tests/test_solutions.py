@@ -11,6 +11,7 @@ inside the wheel; TIRx to CUDA C, and to a cubin where nvcc is installed).
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,23 @@ def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
                for (pid, dsl), path in graded.items())
     for pid in {pid for pid, _, _ in CASES}:
         _problem_file(pid)
+
+
+def test_every_shipped_variant_has_a_passing_h200_grading_of_its_own_file():
+    records = {(r["problem"], r["dsl"]): r for r in json.loads((SOLUTIONS / "h200.json").read_text())}
+    for pid, dsl in SHIPPED:
+        record = records.get((pid, dsl))
+        assert record is not None, f"{pid} {dsl}: shipped without an H200 grading"
+        assert record["status"] == "passed" and record["dsl_check"] == "passed", (pid, dsl, record["status"])
+        assert record["kernel_file"] == f"problems/solutions/{dsl}/{pid}.py"
+
+
+def test_docs_solutions_is_what_the_generator_renders_from_the_records(tmp_path):
+    out = tmp_path / "solutions.md"
+    subprocess.run([sys.executable, str(ROOT / "artifact/generators/solutions_table.py"),
+                    str(SOLUTIONS / "h200_standalone_check.json"), str(out)], check=True, cwd=ROOT)
+    assert out.read_text() == (ROOT / "docs/solutions.md").read_text(), \
+        "docs/solutions.md is stale: run python artifact/generators/solutions_table.py"
 
 
 def test_a_pending_replacement_is_a_case_of_its_own():
