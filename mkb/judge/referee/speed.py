@@ -31,8 +31,9 @@ from mkb.records import Status
 
 NULL_CALLS = 30
 NULL_PLAIN_CALLS = 10
-"""Empty calls without the refill (before 2026-12-03's third session the only kind), kept in
-details.timing.null.unrefilled to show what the refill adds."""
+"""The calibrating empty calls refill their set and launch one tiny kernel, as a timed call does; two smaller
+sets of empty calls without the kernel (details.timing.null.no_kernel) and also without the refill
+(null.unrefilled, the only kind before 2026-12-03's third session) show what each adds (docs/judge.md)."""
 BAND_FRACTION, BAND_FLOOR_MS = 0.25, 0.3
 """The candidate's in-process figure is accepted when it is at least the trusted figure minus
 max(this fraction of it, the floor). Measured on the H200 (2026-12-02, 25 gradings of honest
@@ -160,7 +161,9 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
     try:
         e_slots, _ = referee.transport.slots(referee.like, "te")
         e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
-        null = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=5, timed=NULL_CALLS))
+        null = timing.null_figures(timing.run_calls(e_bracket, pool, null="kernel", warmup=5, timed=NULL_CALLS))
+        null["no_kernel"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,
+                                                                 timed=NULL_PLAIN_CALLS))
         null["unrefilled"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,
                                                                   timed=NULL_PLAIN_CALLS, refill=False))
         runs = timing.run_calls(e_bracket, pool, flush=flush) if timed else []

@@ -104,7 +104,7 @@ class Bracket:
         _request(channel, {"cmd": "timing_setup", "pool": pool.trees, "slots": slots, "cpu": cpu})
         channel.spin = True
 
-    def call(self, k: int, set_index: int, null: bool = False, flush: torch.Tensor | None = None) -> dict:
+    def call(self, k: int, set_index: int, null: bool | str = False, flush: torch.Tensor | None = None) -> dict:
         """One bracketed call: ms (T1-T0 on the referee's clock) and the harness's own figures, sync_ms (the
         original grader's window: start, solve(), host synchronised, end) and self_ms (start to solve()'s return)."""
         if flush is not None:
@@ -170,14 +170,15 @@ def flush_buffer() -> torch.Tensor:
     return torch.empty(max(2 * l2, 128 << 20), dtype=torch.uint8, device="cuda")
 
 
-def run_calls(bracket: Bracket, pool: Pool, *, null: bool = False, flush: torch.Tensor | None = None,
+def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: torch.Tensor | None = None,
               warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None,
               refill: bool = True) -> list[dict]:
     """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used.
 
-    An empty call (null) refills its set before every call unless refill is False, so that it carries
-    what a timed call carries: the referee's own GPU work right before the bracket, which makes the
-    harness's context wait for the GPU to switch back to it.
+    An empty call (null: True, or "kernel" for one that launches a single one-element kernel) refills its
+    set before every call unless refill is False, so that it carries what a timed call carries: the
+    referee's own GPU work right before the bracket, which makes the harness's context wait for the GPU
+    to switch back to it.
     """
     results, total = [], warmup + timed
     for k in range(total):
