@@ -97,3 +97,69 @@ def test_a_p66_replay_with_a_small_error_in_the_exponents_is_caught():
     ref = problem.reference(*inputs)
     anchor = problem.reference(*numerics.fp64(inputs))
     assert not tt.compare("out[0]", out[0], ref[0], anchor[0], numerics.factor(problem)).ok
+
+
+def _gates(A_log, a, dt_bias, b):
+    """alpha, beta in fp64, rounded once to fp32 (the kernels' gate scalars)."""
+    x = a.float().double() + dt_bias.double()
+    sp = torch.where(x > 20, x, torch.log1p(torch.exp(x)))
+    return torch.exp(-torch.exp(A_log.double()) * sp).float(), (1.0 / (1.0 + torch.exp(-b.float().double()))).float()
+
+
+def _row_dot(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """x, s [..., K]: lane l holds float4s l, l + L, ...; per-component FMA partial sums, then xor 1, 2, 4."""
+    k = s.shape[-1]
+    lanes = min(LANES, k // 4)
+    xs = x.expand_as(s).reshape(*s.shape[:-1], k // (4 * lanes), lanes, 4)   # [..., m, lane, e]
+    ss = s.reshape(xs.shape)
+    part = xs[..., 0, :, :] * ss[..., 0, :, :]                                 # [..., lane, e]
+    for m in range(1, xs.shape[-3]):
+        part = _fma(xs[..., m, :, :], ss[..., m, :, :], part)
+    lane = (part[..., 0] + part[..., 1]) + (part[..., 2] + part[..., 3])
+    idx, off = torch.arange(lanes), 1
+    while off < lanes:
+        lane = lane + lane[..., idx ^ off]
+        off *= 2
+    return lane[..., 0]
+
+
+def gdn_step(s, q, k, v, alpha, beta, scale):
+    """One token on rows s [..., V, K] (float32); q, k [..., K], v [..., V], alpha/beta [...]: (o fp32, s)."""
+    s = s * alpha[..., None, None]
+    ks = _row_dot(k[..., None, :], s)
+    delta = (v - ks) * beta[..., None]
+    s = _fma(k[..., None, :].expand_as(s), delta[..., None].expand_as(s), s)
+    return _row_dot(q[..., None, :], s) * scale, s
+
+
+def p72_model(q, k, v, state, A_log, a, dt_bias, b, scale):
+    """The pending p72 kernels' arithmetic: (o bf16 [B, 1, Hv, V], new state fp32 [B, Hv, V, K])."""
+    rep = v.shape[2] // q.shape[2]
+    alpha, beta = _gates(A_log, a[:, 0], dt_bias, b[:, 0])
+    qh = q[:, 0].float().repeat_interleave(rep, dim=1)
+    kh = k[:, 0].float().repeat_interleave(rep, dim=1)
+    o, s = gdn_step(state.float(), qh, kh, v[:, 0].float(), alpha, beta, scale)
+    return o[:, None].to(q.dtype), s
+
+
+@pytest.mark.parametrize("scale", ["smoke", "slice"])
+def test_p72_kernel_arithmetic_is_well_inside_the_tolerance(scale):
+    problem = numerics.load_problem("p72")
+    torch.manual_seed(72)
+    inputs = problem.make_inputs(device="cpu", scale="smoke" if scale == "smoke" else "full")
+    if scale == "slice":  # 8 of the 64 sequences, every head
+        inputs = [t[:8] if torch.is_tensor(t) and t.dim() >= 3 else t for t in inputs]
+    ratios = _ratios(problem, inputs, p72_model(*inputs))
+    assert max(ratios) < 0.5, ratios
+
+
+def test_a_p72_replay_without_the_decay_is_caught():
+    """The check can fail: the same replay with alpha = 1 (the decay forgotten) is far outside the tolerance."""
+    problem = numerics.load_problem("p72")
+    torch.manual_seed(73)
+    inputs = problem.make_inputs(device="cpu", scale="smoke")
+    q, k, v, state, A_log, a, dt_bias, b, sc = inputs
+    out = p72_model(q, k, v, state, torch.full_like(A_log, -60.0), a, dt_bias, b, sc)
+    ref = problem.reference(*inputs)
+    anchor = problem.reference(*numerics.fp64(inputs))
+    assert not tt.compare("out[1]", out[1], ref[1], anchor[1], numerics.factor(problem)).ok
