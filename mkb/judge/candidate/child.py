@@ -42,6 +42,7 @@ wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
+_empty_cache = torch.cuda.empty_cache
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -79,6 +80,13 @@ class Candidate:
     def sync(self) -> None:
         if self.device == "cuda":
             _sync()
+
+    def release(self) -> None:
+        """Hand the GPU back to the referee between correctness calls: the kernel's cached, unused blocks go back
+        to the device (what it still holds counts against its allowance: referee/memory.py). Never between
+        timed calls, where it would put allocations inside the timed window."""
+        if self.device == "cuda":
+            _empty_cache()
 
     def report_integrity(self) -> None:
         """Stream the entry points' fingerprint (the referee's first one, before kernel.py, is the baseline)."""
@@ -132,6 +140,7 @@ class Candidate:
             return _error(exc, "import_error")
         finally:
             self.report_integrity()
+            self.release()
         return {"ok": True}
 
     def _import(self, path: str, name: str):
@@ -173,6 +182,8 @@ class Candidate:
         try:
             out = self.run_solve(state, inputs)
         except BaseException as exc:  # solve() raising is the candidate's runtime error
+            del before
+            self.release()
             return _error(exc, "runtime_error")
         finally:
             del state
@@ -181,6 +192,8 @@ class Candidate:
                  "mutated": guards.mutated(inputs, before)}
         reply["copied"] = "slots" in msg and self.copy_into(slots, out)  # slots is None when out must be
         self.sync()
+        del out, before
+        self.release()
         return reply
 
     def run_solve(self, state, inputs: list):
