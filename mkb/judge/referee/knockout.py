@@ -21,7 +21,7 @@ from __future__ import annotations
 import secrets
 
 from mkb.judge.candidate import knock
-from mkb.judge.referee import checks
+from mkb.judge.referee import checks, draws
 from mkb.judge.referee.transport import tree_map
 from mkb.judge.referee.verdict import Failure
 from mkb.records import Check, Status
@@ -52,7 +52,7 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
-        out = (referee.transport.read(slots, referee.place), referee.updated(referee.after(shared)))
+        out = (referee.transport.read(slots, referee.place), draws.updated(referee, draws.after(referee, shared)))
         draw = checks.compare_draw(prepared.seed, out, prepared.ref, prepared.anchor, referee.factor,
                                    referee.positions)
         result.update(incorrect=not draw.ok,
@@ -74,20 +74,20 @@ def _failed_outright(reply: dict, ref, referee) -> str | None:
 
 def repeat(referee, first, plan: dict) -> dict:
     """The first draw's inputs once more (copied in again from the referee's host copy, in-place inputs as drawn),
-    not knocked out: its answer must still be correct. first is the referee's First of draw 0."""
+    not knocked out: its answer must still be correct. first is draws.First of draw 0."""
     inputs = tree_map(first.inputs, lambda t: t.to(referee.device))
     shared = referee.transport.share(inputs, "rep")
     slots = referee.transport.slots(first.out[0], "reps")
     reply, index = referee.solve(shared.tree, slots.tree, knock.NORMAL, plan)
-    returned = referee.judge_reply(reply, first.ref[0], slots, 0)
-    after = referee.after(shared)
-    out = (returned, referee.updated(after))
+    returned = draws.judge_reply(referee, reply, first.ref[0], slots, 0)
+    after = draws.after(referee, shared)
+    out = (returned, draws.updated(referee, after))
     draw = checks.compare_draw(first.seed, out, first.ref, first.anchor, referee.factor, referee.positions)
     if not draw.ok:
         raise Failure(Status.INCORRECT, "the first draw's inputs, given again: " + checks.first_failure(draw, 0)
                       .removeprefix("draw 1: ") + " (the answer changed between two identical calls beyond the "
                                                   "tolerance)")
-    referee.guard_inputs(reply, after, inputs, 0)
+    draws.guard_inputs(referee, reply, after, inputs, 0)
     referee.transport.give_back(shared, slots)
     return {"correct": True, "bits_equal": not checks.changed(out, first.out),
             "dsl_calls": referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)}

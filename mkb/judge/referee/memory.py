@@ -3,15 +3,16 @@
 The referee, the candidate and the eager process share one GPU. The judge's own need is set by the
 problem alone (an input set, the reference, the fp64 anchor of float64 copies of the inputs, the
 timing pool), so the referee measures it on the first draw, which it prepares before kernel.py is
-imported (nothing of the kernel holds memory yet), and declares it (`need`). What the device has
-beyond that and the processes' CUDA contexts is the kernel's allowance between calls. The phases
-hand the GPU over: the referee returns its allocator's cache (the anchor's float64 transients)
-before every call of the candidate, and the candidate's harness returns the kernel's cache after
-every correctness call, so the two peaks never stack.
+imported (nothing of the kernel holds memory yet), and claims it (`plan`). What the device has
+beyond the claim and the floor (the processes' CUDA contexts and the libraries they loaded) is
+the kernel's allowance between calls. The phases hand the GPU over: the referee returns its
+allocator's cache (the anchor's float64 transients) before every call of the candidate, and the
+candidate's harness returns the kernel's cache after every correctness call, so the two peaks
+never stack. While the kernel is timed the referee keeps what it claimed for the timing pool.
 
 When the GPU runs out in a trusted process (`blame`), the referee reads the device: if the kernel's
 processes then held more than their allowance, the kernel is charged (`crashed`); if they held less,
-or had already ended, the judge needed more than it declared and the grading is `infra_error`,
+or had already ended, the judge needed more than it claimed and the grading is `infra_error`,
 named with its numbers. Nothing the candidate says enters the decision: the referee reads the
 device's free memory and its own allocator, and the allowance was fixed before kernel.py was loaded.
 """
@@ -19,8 +20,13 @@ device's free memory and its own allocator, and the allowance was fixed before k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from mkb import tensortree as tt
+from mkb.judge.referee.timing import pool_size
+from mkb.records import Status
 
 GIB = 1 << 30
 HEADROOM_FRACTION, HEADROOM_MIN_BYTES = 0.1, 2 * GIB
@@ -54,9 +60,9 @@ def release(device: str) -> None:
 
 
 def need(draw_peak: int, input_set: int, answers: int, pool_sets: int) -> int:
-    """The judge's declared need beyond its base (bytes): the larger of a draw's peak plus the shared copy of its
-    inputs, and the timing pool plus one refill; the answers the judging holds (slots, read outputs, the first
-    draw's reference and anchor kept for the repeat) and a margin; then the headroom.
+    """The judge's need beyond what its allocator held before the first draw (bytes): the larger of a draw's peak
+    plus the shared copy of its inputs, and the timing pool plus one refill; the answers the judging holds (slots,
+    read outputs, the first draw's reference and anchor kept for the repeat) and a margin; then the headroom.
 
     draw_peak: the referee's peak while it prepared the first draw (inputs, reference, fp64 anchor).
     """
@@ -68,23 +74,33 @@ def need(draw_peak: int, input_set: int, answers: int, pool_sets: int) -> int:
 class Budget:
     """The grading's memory plan, fixed before kernel.py is imported."""
 
-    base: Reading
-    """After every harness passed its preflight: the three processes' CUDA contexts and anything else on the GPU."""
-    need: int
-    """The judge's declared need beyond base (memory.need)."""
+    total: int
+    """The device's capacity."""
+    floor: int
+    """In use on the device besides the referee's allocator once the first draw was made: the three processes'
+    CUDA contexts, the libraries they loaded, anything else on the GPU."""
+    claim: int
+    """What the referee's allocator may hold: its reservation before the first draw plus the judge's need."""
 
     @property
     def allowance(self) -> int:
-        """What the kernel's processes may hold between calls (bytes): the device less base and the judge's need."""
-        return self.base.total - self.base.used - self.need
+        """What the kernel's processes may hold between calls (bytes): the device less the floor and the claim."""
+        return self.total - self.floor - self.claim
 
     def others(self, now: Reading) -> int:
-        """Bytes taken since base outside the referee's allocator: the kernel's processes (and any newcomer)."""
-        return now.used - self.base.used - (now.reserved - self.base.reserved)
+        """Bytes in use now beyond the floor and the referee's allocator: the kernel's processes (and any newcomer)."""
+        return now.used - self.floor - now.reserved
 
     def describe(self) -> dict:
-        return {"total_gib": gib(self.base.total), "base_gib": gib(self.base.used),
-                "judge_need_gib": gib(self.need), "kernel_allowance_gib": gib(self.allowance)}
+        return {"total_gib": gib(self.total), "floor_gib": gib(self.floor), "judge_claim_gib": gib(self.claim),
+                "kernel_allowance_gib": gib(self.allowance)}
+
+
+def plan(before: Reading, after: Reading, peak: int, input_set: int, answers: int, pool_sets: int) -> Budget:
+    """The budget from readings taken before and after the first draw was prepared (kernel.py not yet imported)
+    and the referee allocator's peak in between (torch.cuda.max_memory_reserved)."""
+    claim = before.reserved + need(peak - before.reserved, input_set, answers, pool_sets)
+    return Budget(total=after.total, floor=after.used - after.reserved, claim=claim)
 
 
 def gib(nbytes: int) -> float:
@@ -97,10 +113,10 @@ def blame(budget: Budget, now: Reading, candidate_alive: bool, where: str) -> tu
     Charged only while its processes live and hold more than their allowance; otherwise the judge needed more
     than it declared (or more than the device has), which the kernel could not cause.
     """
-    held, judge = budget.others(now), now.reserved - budget.base.reserved
-    numbers = (f"the judge held {gib(judge)} GiB, declared {gib(budget.need)} GiB; the kernel's processes held "
-               f"{gib(max(held, 0))} GiB, allowed {gib(budget.allowance)} GiB between calls, of a "
-               f"{gib(budget.base.total)} GiB device")
+    held = budget.others(now)
+    numbers = (f"the judge held {gib(now.reserved)} GiB, claimed {gib(budget.claim)} GiB; the kernel's processes "
+               f"held {gib(max(held, 0))} GiB, allowed {gib(budget.allowance)} GiB between calls, of a "
+               f"{gib(budget.total)} GiB device")
     if candidate_alive and held > budget.allowance:
         return True, (f"the GPU ran out of memory in the judge ({where}) while the kernel's processes held more than "
                       f"their allowance ({numbers}): release GPU memory that solve() no longer needs when it returns")
@@ -109,3 +125,41 @@ def blame(budget: Budget, now: Reading, candidate_alive: bool, where: str) -> tu
                        f"this problem needs more GPU memory for the judge than the device has; not charged")
     return False, (f"the judge ran out of GPU memory ({where}) with the kernel's processes inside their allowance "
                    f"({numbers}): the judge needed more than it declared; not charged")
+
+
+def declare(inputs: list, ref: Any, anchor: Any, place: str, before: Reading | None) -> tuple[Budget | None, int, dict]:
+    """The budget (None on CPU), the timing pool's sets and details.memory, from the first draw, made before
+    kernel.py is imported; `before` is the reading taken before it was made (torch's peak statistics reset then)."""
+    input_set = sum({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()): t.untyped_storage().nbytes()
+                     for _, t in tt.flatten(inputs, "in") if isinstance(t, torch.Tensor)}.values())
+    details = {"input_set_gib": gib(input_set), "answer_gib": gib(tt.nbytes(ref)),
+               "anchor_answer_gib": gib(tt.nbytes(anchor)), "judged_on": place}
+    if before is None:
+        return None, 1, details
+    after, peak = read(), torch.cuda.max_memory_reserved()
+    sets = pool_size(input_set, after.total - after.used)
+    budget = plan(before, after, peak, input_set, 3 * tt.nbytes(ref) + tt.nbytes(anchor), sets)
+    return budget, sets, {**details, "first_draw_peak_gib": gib(peak - before.reserved), "pool_sets": sets,
+                          **budget.describe()}
+
+
+def outcome(budget: Budget | None, exc: BaseException, candidate_alive: bool, where: str) -> tuple[Status, str, dict]:
+    """Status, message and details.memory entries for the referee's own allocation failing (blame)."""
+    if budget is None:  # before kernel.py was imported: the judge alone did not fit
+        return Status.INFRA_ERROR, (f"the judge ran out of GPU memory preparing the first draw, before kernel.py was "
+                                    f"imported: {str(exc)[:300]}"), {}
+    now = read()
+    kernel, message = blame(budget, now, candidate_alive, where)
+    return Status.CRASHED if kernel else Status.INFRA_ERROR, message, {"at_failure": {
+        "used_gib": gib(now.used), "judge_gib": gib(now.reserved), "kernel_gib": gib(budget.others(now)),
+        "error": str(exc)[:300]}}
+
+
+def note(budget: Budget | None, error: str) -> str:
+    """For a kernel that ran out of GPU memory in its call: what the judge held then and the kernel's allowance
+    (information only: its status stays runtime_error whatever the error text says)."""
+    if budget is None or "OutOfMemoryError" not in error:
+        return ""
+    now = read()
+    return (f" (GPU memory: the judge held {gib(now.reserved)} GiB at that point, claimed {gib(budget.claim)} GiB; "
+            f"a kernel may keep {gib(budget.allowance)} GiB between calls of this {gib(now.total)} GiB device)")

@@ -22,42 +22,21 @@ import json  # noqa: E402
 import secrets  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from typing import Any, NamedTuple  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import knock, wire  # noqa: E402
-from mkb.judge.referee import (checks, evidence, knockout, memory, policy, preflight, share, speed, stop,  # noqa: E402
-                               timing)
-from mkb.judge.referee.transport import Shared, Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
+from mkb.judge.referee import draws, evidence, knockout, memory, policy, preflight, share, speed, stop  # noqa: E402
+from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, JudgeFault, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
 OUTRANKED = (Status.IMPORT_ERROR, Status.RUNTIME_ERROR, Status.INCORRECT, Status.WRONG_STRUCTURE, Status.CRASHED)
 """Failures that a finding in the evidence stream (a refused or forbidden action) turns into policy_violation."""
-
-
-class Prepared(NamedTuple):
-    """A draw the referee made: its seed, its private inputs (the pristine copy the input guard compares with; the
-    candidate gets copies), and the reference's and the fp64 anchor's answers (mkb.inplace), on Referee.place."""
-
-    seed: int
-    inputs: list
-    ref: tuple
-    anchor: tuple
-
-
-class First(NamedTuple):
-    """What the repeat needs of the first graded draw: its seed, its inputs (on the host), answers and output."""
-
-    seed: int
-    inputs: list
-    ref: tuple
-    anchor: tuple
-    out: tuple
 
 
 def _add_seconds(spent: dict, name: str, seconds: float) -> None:
@@ -201,11 +180,11 @@ class Referee:
         for name, channel in harnesses:
             preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error
         self.phase = "first draw"  # before kernel.py is imported: the judge's memory need, measured alone
-        base = memory.read() if self.device == "cuda" else None
-        if base is not None:
+        before = memory.read() if self.device == "cuda" else None
+        if before is not None:
             torch.cuda.reset_peak_memory_stats()
         upcoming = [self.prepare_draw()]
-        self.declare_memory(upcoming[0], base)
+        self.declare_memory(upcoming[0], before)
         self.phase = "import"
         self.mark_kernel_loading()
         self.c.send({"cmd": "load"})
@@ -250,7 +229,7 @@ class Referee:
             return float(problem["dsl_share_min"]), str(problem.get("dsl_share_reason") or "")
         return policy.STRICT_SHARE, ""
 
-    def prepare_draw(self, graded: bool = True) -> Prepared:
+    def prepare_draw(self, graded: bool = True) -> draws.Prepared:
         """A draw from a fresh seed, its reference and anchor; then the GPU is handed over (memory.release)."""
         seed = secrets.randbits(63)
         if graded:
@@ -260,38 +239,20 @@ class Referee:
         with self.step("reference"):
             ref, anchor = self.reference(inputs)
         memory.release(self.device)  # the anchor's float64 transients: the candidate's call comes next
-        return Prepared(seed, inputs, ref, anchor)
+        return draws.Prepared(seed, inputs, ref, anchor)
 
-    def declare_memory(self, first: Prepared, base: memory.Reading | None) -> None:
-        """The judge's memory need, measured on the first draw before kernel.py is imported, and the kernel's
-        allowance (details.memory); the timing pool is sized here, so the need covers it."""
-        input_set = sum({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()): t.untyped_storage().nbytes()
-                         for _, t in tt.flatten(first.inputs, "in") if isinstance(t, torch.Tensor)}.values())
-        answers = 3 * tt.nbytes(first.ref) + tt.nbytes(first.anchor)
-        self.details["memory"] = {"input_set_gib": memory.gib(input_set), "answer_gib": memory.gib(tt.nbytes(first.ref)),
-                                  "anchor_answer_gib": memory.gib(tt.nbytes(first.anchor)), "judged_on": self.place}
-        if base is None:
-            return
-        peak = torch.cuda.max_memory_reserved() - base.reserved
-        self.pool_sets = timing.pool_size(input_set, base.total - memory.read().used)
-        self.budget = memory.Budget(base, memory.need(peak, input_set, answers, self.pool_sets))
-        self.details["memory"].update(first_draw_peak_gib=memory.gib(peak), pool_sets=self.pool_sets,
-                                      **self.budget.describe())
+    def declare_memory(self, first: draws.Prepared, before: memory.Reading | None) -> None:
+        """The judge's memory claim, measured on the first draw before kernel.py is imported (details.memory)."""
+        self.budget, self.pool_sets, self.details["memory"] = memory.declare(first.inputs, first.ref, first.anchor,
+                                                                             self.place, before)
 
     def out_of_memory(self, exc: torch.OutOfMemoryError) -> dict:
-        """The verdict when the referee's own allocation failed: blamed on whoever held more than declared."""
-        if self.budget is None:  # before kernel.py was imported: the judge alone did not fit
-            return self.verdict(Status.INFRA_ERROR, f"the judge ran out of GPU memory preparing the first draw, before "
-                                                    f"kernel.py was imported: {str(exc)[:300]}")
-        now = memory.read()
-        kernel, message = memory.blame(self.budget, now, not self.candidate_ended, self.phase)
-        self.details["memory"]["at_failure"] = {"used_gib": memory.gib(now.used),
-                                                "judge_gib": memory.gib(now.reserved),
-                                                "kernel_gib": memory.gib(self.budget.others(now)),
-                                                "error": str(exc)[:300]}
-        return self.verdict(Status.CRASHED if kernel else Status.INFRA_ERROR, message, proven=not kernel)
+        """The verdict when the referee's own allocation failed: blamed on whoever held more than allowed."""
+        status, message, details = memory.outcome(self.budget, exc, not self.candidate_ended, self.phase)
+        self.details.setdefault("memory", {}).update(details)
+        return self.verdict(status, message, proven=status == Status.INFRA_ERROR)
 
-    def correctness(self, upcoming: Prepared) -> None:
+    def correctness(self, upcoming: draws.Prepared) -> None:
         """Five graded draws on fresh inputs (the first already made, and observed), and where the DSL can run
         the knock-outs and the repeat, interleaved at random (knockout.py); stops at the first error, but after
         a wrong answer runs the remaining graded draws (no knock-out, no repeat) so that the report can say how
@@ -300,7 +261,7 @@ class Referee:
         self.details["dsl_calls"] = []
         digests: tuple[list, list] = ([], [])
         knocks = self.dsl_applicable()
-        first, wrong = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
+        first, wrong = draws.graded(self, 0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
         del upcoming
         plan = self.stream.plan(0) if knocks else {}
         results: dict = {}
@@ -312,7 +273,7 @@ class Referee:
                 which, graded = graded, graded + 1
             results.setdefault("order", []).append(f"{kind} {which}")
             if kind == "draw":
-                miss = self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
+                miss = draws.graded(self, which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
                 wrong = wrong or miss
             elif kind == "knockout":
                 self.phase = "knock-out"
@@ -326,84 +287,6 @@ class Referee:
         if knocks:
             results["plan"] = {k: v["args"] for k, v in list(plan.items())[:20]}
             self.details["knockout"] = results
-
-    def graded(self, d: int, draw: Prepared, flag: int, plan: dict, digests: tuple[list, list]) -> tuple:
-        """Graded draw d: solve, read, compare, guard; raises Failure when it errs. What the repeat needs (First, of
-        draw 0) and why the answer was wrong (None when it was right)."""
-        with self.step("solve", each="solve_step_s"):
-            shared = self.transport.share(draw.inputs, f"d{d}")
-            slots = self.transport.slots(draw.ref[0], f"s{d}")
-            reply, index = self.solve(shared.tree, slots.tree, flag, plan)
-        with self.step("read outputs"):
-            returned = self.judge_reply(reply, draw.ref[0], slots, d)
-            after = self.after(shared)
-            out = (returned, self.updated(after))
-        self.details["dsl_calls"].append(self.stream.calls_by_dsl(index))
-        with self.step("compare"):
-            result = checks.compare_draw(draw.seed, out, draw.ref, draw.anchor, self.factor, self.positions)
-        self.draws.append(result)
-        with self.step("digests"):
-            digests[0].append(checks.digest(out))
-            digests[1].append(checks.digest(draw.ref))
-        if (stale := checks.ignores_inputs(*digests)) is not None:
-            raise Failure(Status.INCORRECT, stale)
-        if not result.ok:
-            self.transport.give_back(shared, slots)
-            return None, checks.first_failure(result, d)
-        with self.step("input guard"):
-            self.guard_inputs(reply, after, draw.inputs, d)
-        self.transport.give_back(shared, slots)
-        if d != 0:
-            return None, None
-        self.like = tree_map(draw.ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
-        with self.step("pristine copy"):  # kept on the host: the GPU is the candidate's between draws
-            return First(draw.seed, tree_map(draw.inputs, lambda t: t.detach().cpu()), draw.ref, draw.anchor, out), None
-
-    def after(self, shared: Shared) -> Any:
-        """The shared inputs as the candidate left them: themselves on a GPU, a host copy of the files on CPU."""
-        return shared.tensors if shared.tensors is not None else self.transport.read(shared)
-
-    def updated(self, inputs: Any) -> tuple:
-        """Private copies of the MUTATES inputs of an argument list, on self.place."""
-        return tuple(t.detach().to(self.place, copy=True) for t in inplace.updated(inputs, self.positions))
-
-    def judge_reply(self, reply: dict, ref: Any, slots: Shared, d: int) -> Any:
-        if not reply.get("ok") and reply.get("kind") == "infra_error":
-            raise Failure(Status.INFRA_ERROR, f"sharing inputs with the candidate failed: {reply.get('error')}",
-                          traceback=reply.get("traceback", ""))
-        if not reply.get("ok"):
-            raise Failure(Status.RUNTIME_ERROR, f"draw {d + 1}: solve() raised {reply.get('error')}"
-                          + self.memory_note(str(reply.get("error"))), traceback=reply.get("traceback", ""))
-        problem = checks.structure_problem(reply["outputs"], checks.describe(ref, self.device))
-        if problem is not None:
-            raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: {problem}")
-        if not reply.get("copied"):
-            raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: the outputs could not be read back as plain tensors")
-        return self.transport.read(slots, self.place)
-
-    def memory_note(self, error: str) -> str:
-        """For a kernel that ran out of GPU memory: what the judge held then and the kernel's allowance (information
-        only: the status stays runtime_error whatever the error text says)."""
-        if self.budget is None or "OutOfMemoryError" not in error:
-            return ""
-        now = memory.read()
-        return (f" (GPU memory: the judge held {memory.gib(now.reserved - self.budget.base.reserved)} GiB at that "
-                f"point, declared {memory.gib(self.budget.need)} GiB; a kernel may keep "
-                f"{memory.gib(self.budget.allowance)} GiB between calls of this {memory.gib(now.total)} GiB device)")
-
-    def guard_inputs(self, reply: dict, now: Any, pristine: Any, d: int) -> None:
-        """Every input the problem does not update in place (MUTATES) is bit for bit as drawn."""
-        allowed = {f"in[{i}]" for i, _ in self.positions}
-        changed = [p for (p, a), (_, b) in zip(tt.flatten(now, "in"), tt.flatten(pristine, "in"))
-                   if isinstance(a, torch.Tensor) and p not in allowed and not tt.bitwise_equal(a, b)]
-        changed += [p for p in reply.get("mutated", []) if p not in changed and p not in allowed]
-        if reply.get("alias"):
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: {reply['alias'][0]} shares memory with an input; "
-                                            f"return new tensors")
-        if changed:
-            only = f"only {', '.join(n for _, n in self.positions)} may change" if self.positions else \
-                "inputs must be left unchanged"
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; {only}")
 
     def report(self) -> dict:
         """Ask the harness for its last report (it streams its findings and fingerprint first); the stream's summary."""

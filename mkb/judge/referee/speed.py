@@ -24,7 +24,7 @@ import secrets
 import torch
 
 from mkb.judge.candidate import wire
-from mkb.judge.referee import checks, cpus, memory, policy, share, timing
+from mkb.judge.referee import checks, cpus, draws, memory, policy, share, timing
 from mkb.judge.referee.verdict import Failure, JudgeFault
 from mkb.records import Status
 
@@ -146,7 +146,7 @@ def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tu
     def keep(i: int, s: int) -> None:
         if i in picks:
             snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slots, referee.place),
-                                            referee.updated(pool.sets[s])))
+                                            draws.updated(referee, pool.sets[s])))
 
     c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
     runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
