@@ -43,6 +43,7 @@ _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _empty_cache = torch.cuda.empty_cache
+_peak_reserved = torch.cuda.max_memory_reserved
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -182,8 +183,6 @@ class Candidate:
         try:
             out = self.run_solve(state, inputs)
         except BaseException as exc:  # solve() raising is the candidate's runtime error
-            del before
-            self.release()
             return _error(exc, "runtime_error")
         finally:
             del state
@@ -192,7 +191,12 @@ class Candidate:
                  "mutated": guards.mutated(inputs, before)}
         reply["copied"] = "slots" in msg and self.copy_into(slots, out)  # slots is None when out must be
         self.sync()
-        del out, before
+        return reply
+
+    def cmd_solve_released(self, msg: dict, flag: int) -> dict:
+        """cmd_solve, then the GPU handed back (release): its frame, outputs and copies are gone by then."""
+        reply = self.cmd_solve(msg, flag)
+        del flag
         self.release()
         return reply
 
@@ -273,6 +277,8 @@ class Candidate:
             self.emit({"ev": "finding", "text": f"imported {name} (another GPU language)"})
         self.report_integrity()
         self.observed.update(forbidden_modules=forbidden)
+        if self.device == "cuda":  # what this process's allocator held at most (the candidate's own word)
+            self.observed["gpu_peak_bytes"] = _peak_reserved()
         return {"ok": True, **self.observed}
 
     def serve(self) -> None:
@@ -287,7 +293,7 @@ class Candidate:
                 self.cmd_timed(msg)
                 continue
             if msg.get("cmd") == "solve":
-                reply = self.cmd_solve(msg, flag)
+                reply = self.cmd_solve_released(msg, flag)
             else:
                 reply = handlers[msg["cmd"]](msg)
             del flag

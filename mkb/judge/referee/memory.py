@@ -92,8 +92,8 @@ class Budget:
         return now.used - self.floor - now.reserved
 
     def describe(self) -> dict:
-        return {"total_gib": gib(self.total), "floor_gib": gib(self.floor), "judge_claim_gib": gib(self.claim),
-                "kernel_allowance_gib": gib(self.allowance)}
+        return {"total_bytes": self.total, "floor_bytes": self.floor, "judge_claim_bytes": self.claim,
+                "kernel_allowance_bytes": self.allowance}
 
 
 def plan(before: Reading, after: Reading, peak: int, input_set: int, answers: int, pool_sets: int) -> Budget:
@@ -132,27 +132,41 @@ def declare(inputs: list, ref: Any, anchor: Any, place: str, before: Reading | N
     kernel.py is imported; `before` is the reading taken before it was made (torch's peak statistics reset then)."""
     input_set = sum({(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()): t.untyped_storage().nbytes()
                      for _, t in tt.flatten(inputs, "in") if isinstance(t, torch.Tensor)}.values())
-    details = {"input_set_gib": gib(input_set), "answer_gib": gib(tt.nbytes(ref)),
-               "anchor_answer_gib": gib(tt.nbytes(anchor)), "judged_on": place}
+    details = {"input_set_bytes": input_set, "answer_bytes": tt.nbytes(ref), "anchor_answer_bytes": tt.nbytes(anchor),
+               "judged_on": place}
     if before is None:
         return None, 1, details
     after, peak = read(), torch.cuda.max_memory_reserved()
     sets = pool_size(input_set, after.total - after.used)
     budget = plan(before, after, peak, input_set, 3 * tt.nbytes(ref) + tt.nbytes(anchor), sets)
-    return budget, sets, {**details, "first_draw_peak_gib": gib(peak - before.reserved), "pool_sets": sets,
-                          **budget.describe()}
+    return budget, sets, {**details, "first_draw_peak_bytes": peak - before.reserved, "pool_sets": sets,
+                          **budget.describe(), "used_at_phase_start_bytes": {}}
 
 
 def outcome(budget: Budget | None, exc: BaseException, candidate_alive: bool, where: str) -> tuple[Status, str, dict]:
     """Status, message and details.memory entries for the referee's own allocation failing (blame)."""
-    if budget is None:  # before kernel.py was imported: the judge alone did not fit
+    if budget is None and where == "first draw":  # nothing of the kernel ran yet: the judge alone did not fit
         return Status.INFRA_ERROR, (f"the judge ran out of GPU memory preparing the first draw, before kernel.py was "
-                                    f"imported: {str(exc)[:300]}"), {}
+                                    f"imported (the problem's inputs, reference and fp64 anchor do not fit on this "
+                                    f"device): {str(exc)[:300]}"), {}
+    if budget is None:  # no device to read (CPU): the referee cannot tell, and the rule of verdict.charged holds
+        return Status.INFRA_ERROR, f"referee failed: {type(exc).__name__}: {str(exc)[:300]}", {}
     now = read()
     kernel, message = blame(budget, now, candidate_alive, where)
     return Status.CRASHED if kernel else Status.INFRA_ERROR, message, {"at_failure": {
-        "used_gib": gib(now.used), "judge_gib": gib(now.reserved), "kernel_gib": gib(budget.others(now)),
-        "error": str(exc)[:300]}}
+        "used_bytes": now.used, "judge_bytes": now.reserved, "kernel_bytes": budget.others(now), "error": str(exc)[:300]}}
+
+
+def sample(details: dict, phase: str) -> None:
+    """Record the device's use as a phase starts (details.memory.used_at_phase_start_bytes: every process together)."""
+    if "used_at_phase_start_bytes" in details:
+        details["used_at_phase_start_bytes"][phase] = read().used
+
+
+def finish(budget: Budget | None, details: dict) -> None:
+    """The referee allocator's peak over the grading (from the first draw on), beside its claim."""
+    if budget is not None:
+        details["judge_peak_bytes"] = torch.cuda.max_memory_reserved()
 
 
 def note(budget: Budget | None, error: str) -> str:

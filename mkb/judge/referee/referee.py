@@ -29,7 +29,8 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import knock, wire  # noqa: E402
-from mkb.judge.referee import draws, evidence, knockout, memory, policy, preflight, share, speed, stop  # noqa: E402
+from mkb.judge.referee import (draws, evidence, knockout, memory, policy, preflight, share, speed, stop,  # noqa: E402
+                               timing)
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, JudgeFault, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
@@ -90,6 +91,8 @@ class Referee:
         now = time.monotonic()
         _add_seconds(self.details["phases_s"], self._phase, now - self._since)
         self._phase, self._since = name, now
+        if self.budget is not None:
+            memory.sample(self.details["memory"], name)
 
     @contextlib.contextmanager
     def step(self, name: str, each: str | None = None):
@@ -250,7 +253,7 @@ class Referee:
         """The verdict when the referee's own allocation failed: blamed on whoever held more than allowed."""
         status, message, details = memory.outcome(self.budget, exc, not self.candidate_ended, self.phase)
         self.details.setdefault("memory", {}).update(details)
-        return self.verdict(status, message, proven=status == Status.INFRA_ERROR)
+        return self.verdict(status, message, proven=status == Status.INFRA_ERROR and self.budget is not None)
 
     def correctness(self, upcoming: draws.Prepared) -> None:
         """Five graded draws on fresh inputs (the first already made, and observed), and where the DSL can run
@@ -294,6 +297,8 @@ class Referee:
         summary = self.stream.summary()
         summary["forbidden_modules"] = reply.get("forbidden_modules") if isinstance(reply.get("forbidden_modules"),
                                                                                   list) else []
+        if isinstance(reply.get("gpu_peak_bytes"), int) and "memory" in self.details:  # its word: information only
+            self.details["memory"]["kernel_reported_peak_bytes"] = reply["gpu_peak_bytes"]
         self.details["candidate"] = summary
         return summary
 
@@ -331,6 +336,7 @@ class Referee:
 
     def verdict(self, status: Status, message: str, proven: bool = False, **extra) -> dict:
         self.phase = "verdict"
+        memory.finish(self.budget, self.details.get("memory", {}))
         status, message = charged(status, message, self.kernel_loaded, proven)
         if status in OUTRANKED and (self.stream.findings or self.stream.patched):
             # what the kernel did that is forbidden explains the failure better than how it then failed
