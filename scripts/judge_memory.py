@@ -45,7 +45,7 @@ def main() -> int:
             rows.append({"problem": pid, "untraceable": str(exc)})
             print(f"| {pid} | untraceable on the CPU: {exc} |")
             continue
-        claim = found.need(H200_BYTES - CONTEXTS_BYTES)
+        claim = found.need(H200_BYTES - CONTEXTS_BYTES, H200_BYTES)
         row = {**asdict(found), "claim": claim, "allowance": H200_BYTES - CONTEXTS_BYTES - claim}
         rows.append(row)
         cells = [row[k] / GIB for k in ("input_set", "answer", "anchor_answer", "draw_peak", "claim", "allowance")]

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from mkb import inplace
 from mkb import tensortree as tt
 from mkb.judge.referee import memory, timing
+from mkb.judge.referee.transport import keep_on_device
 from mkb.problems import load_module, mutated_positions
 from mkb.records import ProblemInfo
 
@@ -126,9 +127,11 @@ class Footprint:
     anchor_peak: int
     """Live at the peak while the anchor ran (inputs, reference answer, float64 copies and their transients)."""
 
-    def need(self, free_bytes: int) -> int:
-        """The judge's claim for this problem (memory.need), with the pool sized against free_bytes."""
-        return memory.need(self.draw_peak, self.input_set, 3 * self.answer + self.anchor_answer,
+    def need(self, free_bytes: int, device_bytes: int) -> int:
+        """The judge's claim for this problem (memory.need) on a device of device_bytes, with the pool sized against
+        free_bytes, draws judged where the referee would judge them (transport.keep_on_device)."""
+        place = "cuda" if keep_on_device(self.answer * 2 + self.anchor_answer + self.input_set, device_bytes) else "cpu"
+        return memory.need(self.draw_peak, self.input_set, memory.answers_on_gpu(self.answer, self.anchor_answer, place),
                            timing.pool_size(self.input_set, free_bytes))
 
 

@@ -70,6 +70,13 @@ def need(draw_peak: int, input_set: int, answers: int, pool_sets: int) -> int:
     return measured + max(HEADROOM_MIN_BYTES, int(HEADROOM_FRACTION * measured))
 
 
+def answers_on_gpu(answer: int, anchor_answer: int, place: str) -> int:
+    """What the judging keeps on the GPU besides the draws: the output slots (an answer), and when draws are judged
+    there (place cuda) the copy of the outputs, the first draw's reference and anchor kept for the repeat, and the
+    three timed calls' outputs kept for their re-check."""
+    return answer + (3 * answer + anchor_answer if place == "cuda" else 0)
+
+
 @dataclass(frozen=True)
 class Budget:
     """The grading's memory plan, fixed before kernel.py is imported."""
@@ -138,7 +145,7 @@ def declare(inputs: list, ref: Any, anchor: Any, place: str, before: Reading | N
         return None, 1, details
     after, peak = read(), torch.cuda.max_memory_reserved()
     sets = pool_size(input_set, after.total - after.used)
-    budget = plan(before, after, peak, input_set, 3 * tt.nbytes(ref) + tt.nbytes(anchor), sets)
+    budget = plan(before, after, peak, input_set, answers_on_gpu(tt.nbytes(ref), tt.nbytes(anchor), place), sets)
     return budget, sets, {**details, "first_draw_peak_bytes": peak - before.reserved, "pool_sets": sets,
                           **budget.describe(), "used_at_phase_start_bytes": {}}
 

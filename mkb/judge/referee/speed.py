@@ -110,8 +110,9 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     referee.phase = "timing: stop candidate"
     referee.details["candidate_stop"] = referee.stop_candidate()
     referee.phase = "timing: re-check"  # after the candidate ended: the fp64 anchors need the GPU it held
+    memory.release(referee.device)  # the refill's cache: a re-check is a draw, within the judge's claim
     _recheck(referee, snapshots)
-    memory.release(referee.device)  # the eager reference's intermediates come next
+    memory.release(referee.device)  # the eager reference's intermediates come next, in its own process
     referee.phase = "timing: eager"
     null, eager_runs, eager_profile = _time_eager(referee, pool, flush, timed_cpu, timed_eager)
     clocks_after = timing.clocks()
