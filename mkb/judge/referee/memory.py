@@ -60,13 +60,14 @@ def release(device: str) -> None:
 
 
 def need(draw_peak: int, input_set: int, answers: int, pool_sets: int) -> int:
-    """The judge's need beyond what its allocator held before the first draw (bytes): the larger of a draw's peak
-    plus the shared copy of its inputs, and the timing pool plus one refill; the answers the judging holds (slots,
-    read outputs, the first draw's reference and anchor kept for the repeat) and a margin; then the headroom.
+    """The judge's need beyond what its allocator held before the first draw (bytes): a draw's peak beside the shared
+    input sets (the arena's one while the draws are graded, the timing pool's while timed calls are re-checked; the
+    pool and one refill while the kernel is timed are less, a draw holding at least its inputs), the answers the
+    judging holds on the GPU and a margin; then the headroom.
 
     draw_peak: the referee's peak while it prepared the first draw (inputs, reference, fp64 anchor).
     """
-    measured = max(draw_peak + input_set, (pool_sets + 1) * input_set) + answers + JUDGING_MARGIN_BYTES
+    measured = draw_peak + pool_sets * input_set + answers + JUDGING_MARGIN_BYTES
     return measured + max(HEADROOM_MIN_BYTES, int(HEADROOM_FRACTION * measured))
 
 

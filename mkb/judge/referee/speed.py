@@ -175,7 +175,9 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
         eager.send({"cmd": "finish"})
     except (wire.WireError, timing.TimingError) as exc:
         if "OutOfMemoryError" in str(exc) and referee.budget is not None:  # the trusted eager process's own text
-            raise JudgeFault(memory.blame(referee.budget, memory.read(), False, "the eager reference")[1]) from None
+            kernel, message = memory.blame(referee.budget, memory.read(), not referee.candidate_ended,
+                                           "the eager reference")
+            raise (Failure(Status.CRASHED, message) if kernel else JudgeFault(message)) from None
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     return null, runs, profile
 
