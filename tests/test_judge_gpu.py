@@ -119,7 +119,7 @@ def test_dsl_share_under_both_policies(fixture, catalog, gpu_records):
 
 
 @pytest.mark.gpu
-def test_a_kernel_that_keeps_the_gpu_full_is_charged_when_the_judge_runs_out(catalog, gpu_records):
+def test_a_kernel_that_keeps_the_gpu_memory_full_is_charged_when_the_judge_runs_out(catalog, gpu_records):
     """tests/kernels/gpu_memory_hog.py at full scale: the referee's next draw runs out of memory, the kernel's
     processes hold more than their allowance, so it is crashed (charged), not infra_error (a free regrading)."""
     fixture = KERNELS / "gpu_memory_hog.py"
