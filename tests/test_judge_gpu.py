@@ -7,6 +7,8 @@ also writes every judge record to OUT/judge_records.json.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from test_judge import KERNELS, fixture_facts
 
@@ -67,6 +69,8 @@ def test_graded_on_the_gpu(fixture, scale, timing, catalog, gpu_records):
         assert record.details["device_ms"] > 0 and record.details["eager_device_ms"] > 0
         assert record.details["candidate_stop"]["left"] == 0  # ended before the eager reference was timed
         assert record.details["grading"]["mode"] == "single"
+        memory = record.details["memory"]  # the judge stayed within the memory it claimed before kernel.py loaded
+        assert 0 < memory["judge_peak_bytes"] <= memory["judge_claim_bytes"] and memory["kernel_allowance_bytes"] > 0
 
 
 @pytest.mark.gpu
@@ -112,3 +116,37 @@ def test_dsl_share_under_both_policies(fixture, catalog, gpu_records):
         assert f"{strict.details['dsl_share']:.1%}" in strict.message
     else:
         assert share > 0.9 and strict.status == Status.PASSED, (share, strict.message)
+
+
+@pytest.mark.gpu
+def test_a_kernel_that_keeps_the_gpu_memory_full_is_charged_when_the_judge_runs_out(catalog, gpu_records):
+    """tests/kernels/gpu_memory_hog.py at full scale: the referee's next draw runs out of memory, the kernel's
+    processes hold more than their allowance, so it is crashed (charged), not infra_error (a free regrading)."""
+    fixture = KERNELS / "gpu_memory_hog.py"
+    record = grade(resolve("p28", catalog), fixture, "cutedsl", device="cuda", scale="full", timeout_s=300)
+    gpu_records("judge_records", {"fixture": "gpu_memory_hog", "scale": "full", "timing": "paper",
+                                  "expected": "crashed", "hack": "keeps the GPU full between calls",
+                                  "record": record.model_dump(mode="json")})
+    assert record.status == Status.CRASHED and "more than their allowance" in record.message, record.message
+    failure = record.details["memory"]["at_failure"]
+    assert failure["kernel_bytes"] > record.details["memory"]["kernel_allowance_bytes"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["p03:cutedsl", "p45:tirx", "p47:cutedsl", "p51:tirx"])
+def test_the_largest_problems_fit_beside_their_pending_solutions(variant, catalog, gpu_records):
+    """The four problems whose gradings ran out of GPU memory (the judge held 70-120 GiB of the H200): graded once
+    each, timed, with a pending solution; none may run out of memory, and the judge stays within its claim."""
+    from mkb.settings import load_settings
+
+    pid, dsl = variant.split(":")
+    kernel = Path(__file__).resolve().parent.parent / "problems/solutions/pending" / dsl / f"{pid}.py"
+    if not kernel.exists():
+        kernel = kernel.parent.parent.parent / dsl / f"{pid}.py"  # moved up once it passed
+    record = grade(resolve(pid, catalog), kernel, dsl, device="cuda", scale="full", timeout_s=600,
+                   settings=load_settings(judge_spares=0))
+    gpu_records("memory_records", {"variant": variant, "status": str(record.status), "message": record.message,
+                                   "memory": record.details.get("memory")})
+    assert "out of memory" not in record.message.lower() and "OutOfMemoryError" not in record.message, record.message
+    memory = record.details["memory"]
+    assert memory["judge_peak_bytes"] <= memory["judge_claim_bytes"], memory

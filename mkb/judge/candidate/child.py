@@ -42,6 +42,8 @@ wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
+_empty_cache = torch.cuda.empty_cache
+_peak_reserved = torch.cuda.max_memory_reserved
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -79,6 +81,13 @@ class Candidate:
     def sync(self) -> None:
         if self.device == "cuda":
             _sync()
+
+    def release(self) -> None:
+        """Hand the GPU back to the referee between correctness calls: the kernel's cached, unused blocks go back
+        to the device (what it still holds counts against its allowance: referee/memory.py). Never between
+        timed calls, where it would put allocations inside the timed window."""
+        if self.device == "cuda":
+            _empty_cache()
 
     def report_integrity(self) -> None:
         """Stream the entry points' fingerprint (the referee's first one, before kernel.py, is the baseline)."""
@@ -132,6 +141,7 @@ class Candidate:
             return _error(exc, "import_error")
         finally:
             self.report_integrity()
+            self.release()
         return {"ok": True}
 
     def _import(self, path: str, name: str):
@@ -181,6 +191,13 @@ class Candidate:
                  "mutated": guards.mutated(inputs, before)}
         reply["copied"] = "slots" in msg and self.copy_into(slots, out)  # slots is None when out must be
         self.sync()
+        return reply
+
+    def cmd_solve_released(self, msg: dict, flag: int) -> dict:
+        """cmd_solve, then the GPU handed back (release): its frame, outputs and copies are gone by then."""
+        reply = self.cmd_solve(msg, flag)
+        del flag
+        self.release()
         return reply
 
     def run_solve(self, state, inputs: list):
@@ -263,6 +280,8 @@ class Candidate:
             self.emit({"ev": "finding", "text": f"imported {name} (another GPU language)"})
         self.report_integrity()
         self.observed.update(forbidden_modules=forbidden)
+        if self.device == "cuda":  # what this process's allocator held at most (the candidate's own word)
+            self.observed["gpu_peak_bytes"] = _peak_reserved()
         return {"ok": True, **self.observed}
 
     def serve(self) -> None:
@@ -277,7 +296,7 @@ class Candidate:
                 self.cmd_timed(msg)
                 continue
             if msg.get("cmd") == "solve":
-                reply = self.cmd_solve(msg, flag)
+                reply = self.cmd_solve_released(msg, flag)
             else:
                 reply = handlers[msg["cmd"]](msg)
             del flag

@@ -135,8 +135,17 @@ def aliasing(out: Any, inputs: Any) -> list[str]:
     return found
 
 
+SNAPSHOT_LIMIT_BYTES = 1 << 30
+"""Inputs larger than this together are not copied for mutated(): the referee compares the same shared memory
+with its private inputs bit for bit after every draw (the check that decides), and a second copy here would
+take that much GPU memory from the kernel during its call."""
+
+
 def snapshot(inputs: Any) -> list[tuple[str, torch.Tensor]]:
-    return [(path, t.detach().clone()) for path, t in tensor_leaves(inputs, "in")]
+    leaves = tensor_leaves(inputs, "in")
+    if sum(t.numel() * t.element_size() for _, t in leaves) > SNAPSHOT_LIMIT_BYTES:
+        return []
+    return [(path, t.detach().clone()) for path, t in leaves]
 
 
 def mutated(inputs: Any, before: list[tuple[str, torch.Tensor]]) -> list[str]:

@@ -330,16 +330,27 @@ def _unb64(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text)
 
 
+def ipc_storage(storage: torch.UntypedStorage) -> dict:
+    """The CUDA IPC description of a storage, once the device has finished writing it (a leaf carries no IPC
+    event: see Signal). Describe a storage once and reuse the description (ipc_leaf): every _share_cuda_()
+    call wraps the storage in a new reference count."""
+    torch.cuda.synchronize()
+    device, handle, size, offset, rc_handle, rc_offset, _event, _sync = storage._share_cuda_()
+    return {"ipc": _b64(handle), "device": "cuda", "index": int(device), "nbytes": int(size),
+            "storage_offset_bytes": int(offset), "rc": _b64(rc_handle), "rc_offset": int(rc_offset)}
+
+
+def ipc_leaf(storage: dict, t: torch.Tensor) -> dict:
+    """The leaf of a tensor viewing a storage that ipc_storage() described."""
+    return {**storage, "dtype": dtype_name(t.dtype), "shape": list(t.shape), "stride": list(t.stride()),
+            "offset": t.storage_offset()}
+
+
 def ipc_share(t: torch.Tensor, path: str = "") -> dict:
     """A CUDA IPC description of a tensor's storage (the producer keeps the tensor alive), once the device has
-    finished writing it: a leaf carries no IPC event (see Signal)."""
+    finished writing it."""
     t = t.detach()
-    torch.cuda.synchronize()
-    device, handle, size, offset, rc_handle, rc_offset, _event, _sync = t.untyped_storage()._share_cuda_()
-    return {"ipc": _b64(handle), "device": "cuda", "index": int(device), "nbytes": int(size),
-            "storage_offset_bytes": int(offset), "rc": _b64(rc_handle), "rc_offset": int(rc_offset),
-            "dtype": dtype_name(t.dtype),
-            "shape": list(t.shape), "stride": list(t.stride()), "offset": t.storage_offset()}
+    return ipc_leaf(ipc_storage(t.untyped_storage()), t)
 
 
 def open_ipc_leaf(leaf: dict) -> torch.Tensor:

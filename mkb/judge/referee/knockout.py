@@ -21,7 +21,8 @@ from __future__ import annotations
 import secrets
 
 from mkb.judge.candidate import knock
-from mkb.judge.referee import checks
+from mkb.judge.referee import checks, draws
+from mkb.judge.referee.transport import tree_map
 from mkb.judge.referee.verdict import Failure
 from mkb.records import Check, Status
 
@@ -41,21 +42,22 @@ def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
 
 def knocked_out(referee, poison: str, plan: dict) -> dict:
     """One knocked-out draw on fresh inputs; what it showed (the record's details.knockout[poison])."""
-    seed, inputs, ref, anchor, _ = referee.prepare_draw(graded=False)
-    tree = referee.transport.share(inputs, f"k{poison}")
-    slot_tree, slots = referee.transport.slots(ref[0], f"k{poison}s")
-    reply, index = referee.solve(tree, slot_tree, POISONS[poison], plan)
+    prepared = referee.prepare_draw(graded=False)
+    shared = referee.transport.share(prepared.inputs, f"k{poison}")
+    slots = referee.transport.slots(prepared.ref[0], f"k{poison}s")
+    reply, index = referee.solve(shared.tree, slots.tree, POISONS[poison], plan)
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
-    result = {"seed": seed, "dsl_calls": calls}
-    problem = _failed_outright(reply, ref[0], referee)
+    result = {"seed": prepared.seed, "dsl_calls": calls}
+    problem = _failed_outright(reply, prepared.ref[0], referee)
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
-        out = (referee.transport.read(slot_tree, slots, referee.place),
-               referee.updated(referee.read_inputs(tree, inputs)))
-        draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
+        out = (referee.transport.read(slots, referee.place), draws.updated(referee, draws.after(referee, shared)))
+        draw = checks.compare_draw(prepared.seed, out, prepared.ref, prepared.anchor, referee.factor,
+                                   referee.positions)
         result.update(incorrect=not draw.ok,
                       how=checks.first_failure(draw, 0).removeprefix("draw 1: ") if not draw.ok else "correct")
+    referee.transport.give_back(shared, slots)
     result["evidence"] = bool(result["incorrect"] and calls >= 1)
     return result
 
@@ -70,22 +72,24 @@ def _failed_outright(reply: dict, ref, referee) -> str | None:
     return None if reply.get("copied") else "outputs not readable"
 
 
-def repeat(referee, first: tuple, plan: dict) -> dict:
-    """The first draw's inputs once more, not knocked out: its answer must still be correct."""
-    out0, tree, inputs, pristine, ref, anchor, seed = first
-    referee.transport.restore(tree, inputs, pristine, [i for i, _ in referee.positions])
-    slot_tree, slots = referee.transport.slots(out0[0], "rep")
-    reply, index = referee.solve(tree, slot_tree, knock.NORMAL, plan)
-    returned = referee.judge_reply(reply, ref[0], slot_tree, slots, 0)
-    after = referee.read_inputs(tree, inputs)
-    out = (returned, referee.updated(after))
-    draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
+def repeat(referee, first, plan: dict) -> dict:
+    """The first draw's inputs once more (copied in again from the referee's host copy, in-place inputs as drawn),
+    not knocked out: its answer must still be correct. first is draws.First of draw 0."""
+    inputs = tree_map(first.inputs, lambda t: t.to(referee.device))
+    shared = referee.transport.share(inputs, "rep")
+    slots = referee.transport.slots(first.out[0], "reps")
+    reply, index = referee.solve(shared.tree, slots.tree, knock.NORMAL, plan)
+    returned = draws.judge_reply(referee, reply, first.ref[0], slots, 0)
+    after = draws.after(referee, shared)
+    out = (returned, draws.updated(referee, after))
+    draw = checks.compare_draw(first.seed, out, first.ref, first.anchor, referee.factor, referee.positions)
     if not draw.ok:
         raise Failure(Status.INCORRECT, "the first draw's inputs, given again: " + checks.first_failure(draw, 0)
                       .removeprefix("draw 1: ") + " (the answer changed between two identical calls beyond the "
                                                   "tolerance)")
-    referee.guard_inputs(reply, after, pristine, 0)
-    return {"correct": True, "bits_equal": not checks.changed(out, out0),
+    draws.guard_inputs(referee, reply, after, inputs, 0)
+    referee.transport.give_back(shared, slots)
+    return {"correct": True, "bits_equal": not checks.changed(out, first.out),
             "dsl_calls": referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)}
 
 

@@ -29,9 +29,10 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import knock, wire  # noqa: E402
-from mkb.judge.referee import checks, evidence, knockout, policy, preflight, share, speed, stop, timing  # noqa: E402
+from mkb.judge.referee import (draws, evidence, knockout, memory, policy, preflight, share, speed, stop,  # noqa: E402
+                               timing)
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
-from mkb.judge.referee.verdict import Failure, charged, finite  # noqa: E402
+from mkb.judge.referee.verdict import Failure, JudgeFault, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
 
 N_DRAWS = 5
@@ -72,6 +73,12 @@ class Referee:
         """Where draws are judged: their private copies, the comparison, the digests and the input guard."""
         self.like: Any = None
         """The reference output's structure (shapes and dtypes, on the meta device): the timing slots' model."""
+        self.budget: memory.Budget | None = None
+        """The GPU memory plan, fixed before kernel.py is imported (memory.py); None on CPU."""
+        self.pool_sets = 1
+        """Input sets of the timing pool, chosen with the budget."""
+        self.candidate_ended = False
+        """Set once the judge's parent confirmed that no process of the candidate is left."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -84,6 +91,8 @@ class Referee:
         now = time.monotonic()
         _add_seconds(self.details["phases_s"], self._phase, now - self._since)
         self._phase, self._since = name, now
+        if self.budget is not None:
+            memory.sample(self.details["memory"], name)
 
     @contextlib.contextmanager
     def step(self, name: str, each: str | None = None):
@@ -99,10 +108,9 @@ class Referee:
                 self.details.setdefault(each, []).append(round(spent, 3))
 
     def inputs(self, seed: int) -> list:
-        """A fresh draw, in the memory the candidate may map (SharedPool)."""
+        """A fresh draw, in the referee's private memory (the candidate gets copies: Transport.share)."""
         torch.manual_seed(seed)
-        with self.transport.shared.allocating():
-            return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
+        return self.problem.make_inputs(device=self.device, scale=self.spec["scale"])
 
     def reference(self, inputs: list) -> tuple[Any, Any]:
         """The reference answer and the fp64 anchor's, private to this process, on self.place.
@@ -144,6 +152,8 @@ class Referee:
     def run(self) -> dict:
         try:
             return self._run()
+        except JudgeFault as f:
+            return self.verdict(f.status, f.message, proven=True, **f.details)
         except Failure as f:
             return self.verdict(f.status, f.message, **f.details)
         except wire.WireError as exc:
@@ -154,6 +164,8 @@ class Referee:
             status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED,
                       "infra_error": Status.INFRA_ERROR}.get(exc.kind, Status.RUNTIME_ERROR)
             return self.verdict(status, f"during timing: {exc}")
+        except torch.OutOfMemoryError as exc:  # the referee's own allocation: a candidate's comes as a reply
+            return self.out_of_memory(exc)
         except Exception as exc:  # a referee bug, or a candidate that found one: see verdict.charged
             return self.verdict(Status.INFRA_ERROR, f"referee failed: {type(exc).__name__}: {exc}",
                                 traceback=traceback.format_exc()[-4000:])
@@ -168,18 +180,23 @@ class Referee:
             if self.device == "cuda" and not hello.get("cuda"):
                 raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
             signals[name] = preflight.send(channel, self.transport, self.device, kept)
+        for name, channel in harnesses:
+            preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error
+        self.phase = "first draw"  # before kernel.py is imported: the judge's memory need, measured alone
+        before = memory.read() if self.device == "cuda" else None
+        if before is not None:
+            torch.cuda.reset_peak_memory_stats()
+        upcoming = [self.prepare_draw()]
+        self.declare_memory(upcoming[0], before)
         self.phase = "import"
         self.mark_kernel_loading()
         self.c.send({"cmd": "load"})
-        upcoming = self.prepare_draw()  # the first draw is made while the candidate imports and compiles
-        for name, channel in harnesses:
-            preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error, whatever came after
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
             raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
                           traceback=loaded.get("traceback", ""))
-        self.correctness(upcoming)
+        self.correctness(upcoming.pop())  # held by nothing else: its private inputs go when the draw is judged
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"],
                                    knockout=self.details.get("knockout"), policy=self.spec.get("dsl_policy", "paper"),
                                    share_min=self.share_min())
@@ -201,8 +218,8 @@ class Referee:
     def profile_cpu(self, evidence: policy.Evidence) -> None:
         """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
         self.phase = "profile"
-        seed, inputs, ref, anchor, pristine = self.prepare_draw(graded=False)
-        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(inputs, "prof"), "calls": 3,
+        draw = self.prepare_draw(graded=False)
+        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(draw.inputs, "prof").tree, "calls": 3,
                           "restore": [i for i, _ in self.positions]})
         evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
         self.details["dsl_share"] = evidence.share.get("share")
@@ -215,8 +232,8 @@ class Referee:
             return float(problem["dsl_share_min"]), str(problem.get("dsl_share_reason") or "")
         return policy.STRICT_SHARE, ""
 
-    def prepare_draw(self, graded: bool = True) -> tuple:
-        """A draw from a fresh seed: (seed, inputs, reference, anchor, pristine copy of the inputs)."""
+    def prepare_draw(self, graded: bool = True) -> draws.Prepared:
+        """A draw from a fresh seed, its reference and anchor; then the GPU is handed over (memory.release)."""
         seed = secrets.randbits(63)
         if graded:
             self.details["seeds"].append(seed)
@@ -224,11 +241,21 @@ class Referee:
             inputs = self.inputs(seed)
         with self.step("reference"):
             ref, anchor = self.reference(inputs)
-        with self.step("pristine copy"):
-            pristine = tree_map(inputs, lambda t: t.detach().to(self.place, copy=True))
-        return seed, inputs, ref, anchor, pristine
+        memory.release(self.device)  # the anchor's float64 transients: the candidate's call comes next
+        return draws.Prepared(seed, inputs, ref, anchor)
 
-    def correctness(self, upcoming: tuple) -> None:
+    def declare_memory(self, first: draws.Prepared, before: memory.Reading | None) -> None:
+        """The judge's memory claim, measured on the first draw before kernel.py is imported (details.memory)."""
+        self.budget, self.pool_sets, self.details["memory"] = memory.declare(first.inputs, first.ref, first.anchor,
+                                                                             self.place, before)
+
+    def out_of_memory(self, exc: torch.OutOfMemoryError) -> dict:
+        """The verdict when the referee's own allocation failed: blamed on whoever held more than allowed."""
+        status, message, details = memory.outcome(self.budget, exc, not self.candidate_ended, self.phase)
+        self.details.setdefault("memory", {}).update(details)
+        return self.verdict(status, message, proven=status == Status.INFRA_ERROR and self.budget is not None)
+
+    def correctness(self, upcoming: draws.Prepared) -> None:
         """Five graded draws on fresh inputs (the first already made, and observed), and where the DSL can run
         the knock-outs and the repeat, interleaved at random (knockout.py); stops at the first error, but after
         a wrong answer runs the remaining graded draws (no knock-out, no repeat) so that the report can say how
@@ -237,7 +264,8 @@ class Referee:
         self.details["dsl_calls"] = []
         digests: tuple[list, list] = ([], [])
         knocks = self.dsl_applicable()
-        first, wrong = self.graded(0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
+        first, wrong = draws.graded(self, 0, upcoming, knock.OBSERVE if knocks else knock.NORMAL, {}, digests)
+        del upcoming
         plan = self.stream.plan(0) if knocks else {}
         results: dict = {}
         graded = 1
@@ -248,7 +276,7 @@ class Referee:
                 which, graded = graded, graded + 1
             results.setdefault("order", []).append(f"{kind} {which}")
             if kind == "draw":
-                miss = self.graded(which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
+                miss = draws.graded(self, which, self.prepare_draw(), knock.NORMAL, plan, digests)[1]
                 wrong = wrong or miss
             elif kind == "knockout":
                 self.phase = "knock-out"
@@ -263,79 +291,14 @@ class Referee:
             results["plan"] = {k: v["args"] for k, v in list(plan.items())[:20]}
             self.details["knockout"] = results
 
-    def graded(self, d: int, draw: tuple, flag: int, plan: dict, digests: tuple[list, list]) -> tuple:
-        """Graded draw d: solve, read, compare, guard; raises Failure when it errs. What the repeat needs and why
-        the answer was wrong (None when it was right)."""
-        seed, inputs, ref, anchor, pristine = draw
-        with self.step("solve", each="solve_step_s"):
-            tree = self.transport.share(inputs, f"d{d}")
-            slot_tree, slots = self.transport.slots(ref[0], f"s{d}")
-            reply, index = self.solve(tree, slot_tree, flag, plan)
-        with self.step("read outputs"):
-            returned = self.judge_reply(reply, ref[0], slot_tree, slots, d)
-            after = self.read_inputs(tree, inputs)
-            out = (returned, self.updated(after))
-        self.details["dsl_calls"].append(self.stream.calls_by_dsl(index))
-        with self.step("compare"):
-            result = checks.compare_draw(seed, out, ref, anchor, self.factor, self.positions)
-        self.draws.append(result)
-        with self.step("digests"):
-            digests[0].append(checks.digest(out))
-            digests[1].append(checks.digest(ref))
-        if (stale := checks.ignores_inputs(*digests)) is not None:
-            raise Failure(Status.INCORRECT, stale)
-        if not result.ok:
-            return None, checks.first_failure(result, d)
-        with self.step("input guard"):
-            self.guard_inputs(reply, after, pristine, d)
-        if d == 0:
-            self.like = tree_map(ref[0], lambda t: torch.empty(t.shape, dtype=t.dtype, device="meta"))
-        return (out, tree, inputs, pristine, ref, anchor, seed), None
-
-    def read_inputs(self, tree: dict, inputs: Any) -> Any:
-        """The shared inputs as the candidate left them: themselves when judging on the GPU, else a host copy."""
-        if self.device != "cuda":
-            return self.transport.read(tree, None)
-        return inputs if self.place == "cuda" else self.transport.read(tree, inputs)
-
-    def updated(self, inputs: Any) -> tuple:
-        """Private copies of the MUTATES inputs of an argument list, on self.place."""
-        return tuple(t.detach().to(self.place, copy=True) for t in inplace.updated(inputs, self.positions))
-
-    def judge_reply(self, reply: dict, ref: Any, slot_tree: dict, slots: Any, d: int) -> Any:
-        if not reply.get("ok") and reply.get("kind") == "infra_error":
-            raise Failure(Status.INFRA_ERROR, f"sharing inputs with the candidate failed: {reply.get('error')}",
-                          traceback=reply.get("traceback", ""))
-        if not reply.get("ok"):
-            raise Failure(Status.RUNTIME_ERROR, f"draw {d + 1}: solve() raised {reply.get('error')}",
-                          traceback=reply.get("traceback", ""))
-        problem = checks.structure_problem(reply["outputs"], checks.describe(ref, self.device))
-        if problem is not None:
-            raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: {problem}")
-        if not reply.get("copied"):
-            raise Failure(Status.WRONG_STRUCTURE, f"draw {d + 1}: the outputs could not be read back as plain tensors")
-        return self.transport.read(slot_tree, slots, self.place)
-
-    def guard_inputs(self, reply: dict, now: Any, pristine: Any, d: int) -> None:
-        """Every input the problem does not update in place (MUTATES) is bit for bit as drawn."""
-        allowed = {f"in[{i}]" for i, _ in self.positions}
-        changed = [p for (p, a), (_, b) in zip(tt.flatten(now, "in"), tt.flatten(pristine, "in"))
-                   if isinstance(a, torch.Tensor) and p not in allowed and not tt.bitwise_equal(a, b)]
-        changed += [p for p in reply.get("mutated", []) if p not in changed and p not in allowed]
-        if reply.get("alias"):
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: {reply['alias'][0]} shares memory with an input; "
-                                            f"return new tensors")
-        if changed:
-            only = f"only {', '.join(n for _, n in self.positions)} may change" if self.positions else \
-                "inputs must be left unchanged"
-            raise Failure(Status.INCORRECT, f"draw {d + 1}: solve() modified its input {changed[0]} in place; {only}")
-
     def report(self) -> dict:
         """Ask the harness for its last report (it streams its findings and fingerprint first); the stream's summary."""
         reply = self.ask({"cmd": "report"})
         summary = self.stream.summary()
         summary["forbidden_modules"] = reply.get("forbidden_modules") if isinstance(reply.get("forbidden_modules"),
                                                                                   list) else []
+        if isinstance(reply.get("gpu_peak_bytes"), int) and "memory" in self.details:  # its word: information only
+            self.details["memory"]["kernel_reported_peak_bytes"] = reply["gpu_peak_bytes"]
         self.details["candidate"] = summary
         return summary
 
@@ -352,7 +315,9 @@ class Referee:
 
     def stop_candidate(self) -> dict:
         """End the candidate's processes, confirmed by the judge's parent (stop.py); the parent's account."""
-        return stop.end_candidate(self.c, self.spec["ready_fd"], self.spec["control_fd"])
+        account = stop.end_candidate(self.c, self.spec["ready_fd"], self.spec["control_fd"])
+        self.candidate_ended = account.get("left") == 0
+        return account
 
     def mark_kernel_loading(self) -> None:
         """Tell the judge's parent that the candidate's code may run from now on (on the ready pipe it
@@ -369,9 +334,10 @@ class Referee:
         self.enforce(policy.judge(evidence), final=True)
         return result
 
-    def verdict(self, status: Status, message: str, **extra) -> dict:
+    def verdict(self, status: Status, message: str, proven: bool = False, **extra) -> dict:
         self.phase = "verdict"
-        status, message = charged(status, message, self.kernel_loaded)
+        memory.finish(self.budget, self.details.get("memory", {}))
+        status, message = charged(status, message, self.kernel_loaded, proven)
         if status in OUTRANKED and (self.stream.findings or self.stream.patched):
             # what the kernel did that is forbidden explains the failure better than how it then failed
             found = self.stream.findings + [f"replaced {name}" for name in self.stream.patched[:3]]

@@ -23,10 +23,9 @@ import secrets
 
 import torch
 
-from mkb import tensortree as tt
 from mkb.judge.candidate import wire
-from mkb.judge.referee import checks, cpus, policy, share, timing
-from mkb.judge.referee.verdict import Failure
+from mkb.judge.referee import checks, cpus, draws, memory, policy, share, timing
+from mkb.judge.referee.verdict import Failure, JudgeFault
 from mkb.records import Status
 
 NULL_CALLS = 30
@@ -95,15 +94,14 @@ def _pci_bus_id() -> str | None:
 
 def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode, timed_eager = referee.spec["timing"], referee.spec.get("eager", "time") == "time"
-    probe = referee.inputs(secrets.randbits(63))
-    pool = timing.Pool(make=referee.inputs, share=lambda t, tag: wire.ipc_share(t),
-                       size=timing.pool_size(tt.nbytes(probe)))
+    # the pool (its size fixed with the judge's memory need) and, left in the referee's cache, the memory of one
+    # refill: claimed before the kernel's first timed call, and kept (no cache release while the kernel is timed)
+    pool = timing.Pool(make=referee.inputs, lend=lambda inputs: referee.transport.share(inputs, "pool"),
+                       size=referee.pool_sets)
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
     referee.phase = "timing: kernel"
     kernel_runs, snapshots, picks = _time_kernel(referee, pool, flush, timed_cpu)
-    referee.phase = "timing: re-check"
-    _recheck(referee, snapshots)
     referee.phase = "timing: profile"
     profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED,
                            "restore": [i for i, _ in referee.positions]})
@@ -112,6 +110,10 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     evidence.share = share.measure(profile, referee.stream.built, str(referee.dsl))
     referee.phase = "timing: stop candidate"
     referee.details["candidate_stop"] = referee.stop_candidate()
+    referee.phase = "timing: re-check"  # after the candidate ended: the fp64 anchors need the GPU it held
+    memory.release(referee.device)  # the refill's cache: a re-check is a draw, within the judge's claim
+    _recheck(referee, snapshots)
+    memory.release(referee.device)  # the eager reference's intermediates come next, in its own process
     referee.phase = "timing: eager"
     null, eager_runs, eager_profile = _time_eager(referee, pool, flush, timed_cpu, timed_eager)
     clocks_after = timing.clocks()
@@ -139,16 +141,16 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
 
 def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list]:
     """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking."""
-    c_slot_tree, c_slots = referee.transport.slots(referee.like, "tc")
+    c_slots = referee.transport.slots(referee.like, "tc")
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 
     def keep(i: int, s: int) -> None:
         if i in picks:
-            snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slot_tree, c_slots, referee.place),
-                                            referee.updated(pool.sets[s])))
+            snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slots, referee.place),
+                                            draws.updated(referee, pool.sets[s])))
 
-    c_bracket = timing.Bracket(referee.c, pool, c_slot_tree, cpu=timed_cpu)
+    c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
     runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     referee.c.spin = False
     return runs, snapshots, picks
@@ -159,8 +161,8 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
     calls and profile; all in the trusted eager process, after the candidate's processes have ended."""
     eager = _eager(referee, load=timed)
     try:
-        e_slots, _ = referee.transport.slots(referee.like, "te")
-        e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
+        e_slots = referee.transport.slots(referee.like, "te")
+        e_bracket = timing.Bracket(eager, pool, e_slots.tree, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null="kernel", warmup=5, timed=NULL_CALLS))
         null["no_kernel"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,
                                                                  timed=NULL_PLAIN_CALLS))
@@ -175,14 +177,19 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
             profile = eager.recv()
         eager.send({"cmd": "finish"})
     except (wire.WireError, timing.TimingError) as exc:
+        if "OutOfMemoryError" in str(exc) and referee.budget is not None:  # the trusted eager process's own text
+            kernel, message = memory.blame(referee.budget, memory.read(), not referee.candidate_ended,
+                                           "the eager reference")
+            raise (Failure(Status.CRASHED, message) if kernel else JudgeFault(message)) from None
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     return null, runs, profile
 
 
 def _recheck(referee, snapshots: dict) -> None:
-    """Three random timed calls' outputs against the reference of exactly their inputs."""
+    """Three random timed calls' outputs against the reference of exactly their inputs (redrawn from their seeds)."""
     for i, (seed, out) in sorted(snapshots.items()):
         ref, anchor = referee.reference(referee.inputs(seed))
+        memory.release(referee.device)
         draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
         if not draw.ok:
             raise Failure(Status.INCORRECT, f"timed call {i + 1} (re-checked): " + checks.first_failure(draw, 0)

@@ -58,10 +58,15 @@ class TimingError(Exception):
 
 @dataclass
 class Pool:
-    """Input sets the timed calls rotate through, owned by the referee and shared with the harnesses."""
+    """Input sets the timed calls rotate through, owned by the referee and shared with the harnesses.
+
+    make(seed) draws a set in the referee's private memory; lend(inputs) copies one into shared memory
+    (transport.Transport.share, which returns the shared views and their tree). A refill draws privately
+    and copies in, so nothing the harnesses can map is ever computed on.
+    """
 
     make: Callable[[int], list]
-    share: Callable[[Any, str], dict]
+    lend: Callable[[list], Any]
     size: int
     seeds: list[int] = field(default_factory=list)
     sets: list[list] = field(default_factory=list)
@@ -70,10 +75,11 @@ class Pool:
     """Sets a call has run on since their last refill."""
 
     def __post_init__(self) -> None:
-        for s in range(self.size):
+        for _ in range(self.size):
             self.seeds.append(secrets.randbits(63))
-            self.sets.append(self.make(self.seeds[-1]))
-            self.trees.append(wire.encode(self.sets[-1], lambda t, p, s=s: self.share(t, f"pool{s}")))
+            shared = self.lend(self.make(self.seeds[-1]))
+            self.sets.append(shared.tensors)
+            self.trees.append(shared.tree)
 
     def refresh(self, s: int) -> None:
         """New random content for set s, in place (the harnesses keep their mappings)."""
@@ -90,9 +96,11 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return [obj] if isinstance(obj, torch.Tensor) else []
 
 
-def pool_size(set_bytes: int) -> int:
-    free, _ = torch.cuda.mem_get_info()
-    budget = min(POOL_BUDGET_BYTES, free // 4)
+def pool_size(set_bytes: int, free_bytes: int) -> int:
+    """Input sets in the timing pool: POOL_SETS, fewer when they would pass POOL_BUDGET_BYTES or a quarter of
+    the device's free memory (measured before kernel.py is imported, so the pool is part of the judge's
+    declared need, memory.need), at least one."""
+    budget = min(POOL_BUDGET_BYTES, free_bytes // 4)
     return max(1, min(POOL_SETS, budget // max(set_bytes, 1)))
 
 

@@ -6,7 +6,10 @@ harness process); a failure up to there is the judge's (`infra_error`, never cha
 moment kernel.py starts to import, the candidate shares the GPU, the host's memory and the
 sandbox's /dev/shm with the trusted processes and controls everything its own process says, so
 whatever goes wrong after that (a trusted process failing or dying, IPC failing, the harness
-reporting an infrastructure problem) is charged to it as `crashed`.
+reporting an infrastructure problem) is charged to it as `crashed`. The one exception is a failure the
+referee proves is its own from facts it reads itself (JudgeFault): the GPU running out in a trusted
+process after the kernel's processes ended, or while they held less than the allowance fixed before
+kernel.py loaded (memory.py).
 """
 
 from __future__ import annotations
@@ -28,9 +31,18 @@ class Failure(Exception):
         self.status, self.message, self.details = status, message, details
 
 
-def charged(status: Status, message: str, kernel_loaded: bool) -> tuple[Status, str]:
-    """The status a grading ends with: an infrastructure failure once kernel.py was loaded is a crash."""
-    if status == Status.INFRA_ERROR and kernel_loaded:
+class JudgeFault(Failure):
+    """An infra_error the referee proved its own from its own readings (memory.blame); never raised on anything
+    the candidate reports."""
+
+    def __init__(self, message: str, **details):
+        super().__init__(Status.INFRA_ERROR, message, **details)
+
+
+def charged(status: Status, message: str, kernel_loaded: bool, proven: bool = False) -> tuple[Status, str]:
+    """The status a grading ends with: an infrastructure failure once kernel.py was loaded is a crash, unless the
+    referee proved it its own (JudgeFault)."""
+    if status == Status.INFRA_ERROR and kernel_loaded and not proven:
         return Status.CRASHED, f"{message} ({CHARGED_NOTE})"
     return status, message
 
