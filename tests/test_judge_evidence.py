@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mkb.errors import ProblemFormatError
-from mkb.judge.candidate import guards, hooks, knock, trace, wire
+from mkb.judge.candidate import escape, guards, hooks, knock, trace, wire
 from mkb.judge.referee import evidence, knockout, policy, share
 from mkb.records import Check, Dsl
 
@@ -32,7 +32,8 @@ def _nested_code(code: types.CodeType):
             yield from _nested_code(const)
 
 
-@pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint])
+@pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint,
+                                     escape.make_checker, escape.make_asker])
 def test_sealed_code_looks_up_no_global_name(factory):
     """A candidate can rebind any module's globals (vars(module) is writable); the closures that read the
     knock-out's mode, or decide what is genuine, must not see that."""

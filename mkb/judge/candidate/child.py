@@ -38,7 +38,8 @@ def _load(name: str):
     return module
 
 
-wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "hooks", "guards", "trace", "seal"))
+wire, knock, hooks, guards, trace, seal, escape = (_load(n) for n in ("wire", "knock", "hooks", "guards", "trace",
+                                                                     "seal", "escape"))
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
@@ -89,13 +90,16 @@ class Candidate:
         """Seal the process, install the hooks, warm the profiler, stream the baseline fingerprint; say hello."""
         if self.spec["role"] == "candidate":
             finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
-            from_candidate = seal.install(seal.Roots(_HERE, os.path.dirname(self.spec["kernel"])), finding)
+            roots = seal.Roots(_HERE, os.path.dirname(self.spec["kernel"]))
+            from_candidate = seal.install(roots, finding)
             core = knock.make_core(self.emit, finding)
             self.draw = core["draw"]
-            watcher = hooks.install(core, extra=guards.forbidden_callbacks(core, finding, from_candidate))
+            extra = {**guards.forbidden_callbacks(core, finding, from_candidate),
+                     **escape.callbacks(finding, escape.make_asker(roots.kind))}
+            watcher = hooks.install(core, extra=extra, check=escape.make_checker(finding))
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)
-            self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal,
+            self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal, escape,
                                                         sys.modules["__main__"]], [watcher, blocker])
         warm = time.monotonic()
         if self.device == "cuda":

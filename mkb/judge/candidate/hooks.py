@@ -26,9 +26,13 @@ PTX_ENTRY_RE = re.compile(r"\.entry\s+(\w+)\s*\(")
 KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 
 
-def install(core, extra: dict[str, Callable] | None = None) -> importlib.abc.MetaPathFinder:
-    """Watch the DSLs (and the modules in extra); patch those already imported. Returns the watcher."""
-    entries = make_entries(core)
+def install(core, extra: dict[str, Callable] | None = None,
+            check: Callable[[object, list], None] | None = None) -> importlib.abc.MetaPathFinder:
+    """Watch the DSLs (and the modules in extra); patch those already imported. Returns the watcher.
+
+    check(module, symbols) vets every module a TVM build or load returns before it is registered (escape.py).
+    """
+    entries = make_entries(core, check or (lambda module, symbols: None))
     callbacks = {"cutlass.cute": lambda m, _e=entries: _e["patch_cute"](),
                  "tvm": lambda m, _e=entries: _e["patch_tvm"](), **(extra or {})}
     for name, callback in callbacks.items():
@@ -90,7 +94,7 @@ def tvm_symbols(module) -> list[str]:
     return sorted(set(found))
 
 
-def make_entries(core: dict) -> dict:
+def make_entries(core: dict, check: Callable[[object, list], None]) -> dict:
     """The entry points over core (a dict of closures, as core is): built-in containers only, since a candidate
     can replace the attributes of any class it reaches; no global name is looked up inside (a test checks)."""
     modules, symbols_of_cute, symbols_of_tvm = sys.modules, cute_symbols, tvm_symbols
@@ -151,6 +155,7 @@ def make_entries(core: dict) -> dict:
 
     def tvm_register(result):
         symbols = symbols_of_tvm(result)
+        check(result, symbols)
         register(result, "tirx", None, "tirx:module", symbols)
         inner = getattr_(result, "mod", None)
         if inner is not None:

@@ -42,8 +42,8 @@ def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
 def knocked_out(referee, poison: str, plan: dict) -> dict:
     """One knocked-out draw on fresh inputs; what it showed (the record's details.knockout[poison])."""
     seed, inputs, ref, anchor, _ = referee.prepare_draw(graded=False)
-    tree = referee.transport.share(inputs, f"k{poison}")
-    slot_tree, slots = referee.transport.slots(ref[0], f"k{poison}s")
+    tree = referee.transport.share(inputs)
+    slot_tree, slots = referee.transport.slots(ref[0])
     reply, index = referee.solve(tree, slot_tree, POISONS[poison], plan)
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": seed, "dsl_calls": calls}
@@ -74,7 +74,7 @@ def repeat(referee, first: tuple, plan: dict) -> dict:
     """The first draw's inputs once more, not knocked out: its answer must still be correct."""
     out0, tree, inputs, pristine, ref, anchor, seed = first
     referee.transport.restore(tree, inputs, pristine, [i for i, _ in referee.positions])
-    slot_tree, slots = referee.transport.slots(out0[0], "rep")
+    slot_tree, slots = referee.transport.slots(out0[0])
     reply, index = referee.solve(tree, slot_tree, knock.NORMAL, plan)
     returned = referee.judge_reply(reply, ref[0], slot_tree, slots, 0)
     after = referee.read_inputs(tree, inputs)

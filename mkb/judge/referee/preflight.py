@@ -28,13 +28,13 @@ def send(channel: wire.Channel, transport: Transport, device: str, kept: list) -
     if device == "cuda":
         with transport.shared.allocating():
             probe = torch.arange(N, dtype=torch.float32, device="cuda")
-        tree, slots = transport.slots(torch.zeros(2, dtype=torch.int32), "preflight")
+        tree, slots = transport.slots(torch.zeros(2, dtype=torch.int32))
         ours, theirs = wire.Signal(slots[0:1]), wire.Signal(slots[1:2])
         ours.record()
         kept.append(probe)
         channel.send({"cmd": "preflight", "tensor": wire.encode(probe, wire.ipc_share), "signals": tree})
         return theirs
-    channel.send({"cmd": "preflight", "tensor": transport.share(torch.arange(N, dtype=torch.float32), "probe")})
+    channel.send({"cmd": "preflight", "tensor": transport.share(torch.arange(N, dtype=torch.float32))})
     return None
 
 

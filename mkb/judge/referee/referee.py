@@ -202,7 +202,7 @@ class Referee:
         """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
         self.phase = "profile"
         seed, inputs, ref, anchor, pristine = self.prepare_draw(graded=False)
-        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(inputs, "prof"), "calls": 3,
+        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(inputs), "calls": 3,
                           "restore": [i for i, _ in self.positions]})
         evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
         self.details["dsl_share"] = evidence.share.get("share")
@@ -268,8 +268,8 @@ class Referee:
         the answer was wrong (None when it was right)."""
         seed, inputs, ref, anchor, pristine = draw
         with self.step("solve", each="solve_step_s"):
-            tree = self.transport.share(inputs, f"d{d}")
-            slot_tree, slots = self.transport.slots(ref[0], f"s{d}")
+            tree = self.transport.share(inputs)
+            slot_tree, slots = self.transport.slots(ref[0])
             reply, index = self.solve(tree, slot_tree, flag, plan)
         with self.step("read outputs"):
             returned = self.judge_reply(reply, ref[0], slot_tree, slots, d)

@@ -96,7 +96,7 @@ def _pci_bus_id() -> str | None:
 def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode, timed_eager = referee.spec["timing"], referee.spec.get("eager", "time") == "time"
     probe = referee.inputs(secrets.randbits(63))
-    pool = timing.Pool(make=referee.inputs, share=lambda t, tag: wire.ipc_share(t),
+    pool = timing.Pool(make=referee.inputs, share=wire.ipc_share,
                        size=timing.pool_size(tt.nbytes(probe)))
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
@@ -139,7 +139,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
 
 def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list]:
     """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking."""
-    c_slot_tree, c_slots = referee.transport.slots(referee.like, "tc")
+    c_slot_tree, c_slots = referee.transport.slots(referee.like)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 
@@ -159,7 +159,7 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
     calls and profile; all in the trusted eager process, after the candidate's processes have ended."""
     eager = _eager(referee, load=timed)
     try:
-        e_slots, _ = referee.transport.slots(referee.like, "te")
+        e_slots, _ = referee.transport.slots(referee.like)
         e_bracket = timing.Bracket(eager, pool, e_slots, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null="kernel", warmup=5, timed=NULL_CALLS))
         null["no_kernel"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,

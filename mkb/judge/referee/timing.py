@@ -61,7 +61,7 @@ class Pool:
     """Input sets the timed calls rotate through, owned by the referee and shared with the harnesses."""
 
     make: Callable[[int], list]
-    share: Callable[[Any, str], dict]
+    share: Callable[[Any], dict]
     size: int
     seeds: list[int] = field(default_factory=list)
     sets: list[list] = field(default_factory=list)
@@ -73,7 +73,7 @@ class Pool:
         for s in range(self.size):
             self.seeds.append(secrets.randbits(63))
             self.sets.append(self.make(self.seeds[-1]))
-            self.trees.append(wire.encode(self.sets[-1], lambda t, p, s=s: self.share(t, f"pool{s}")))
+            self.trees.append(wire.encode(self.sets[-1], lambda t, p: self.share(t)))
 
     def refresh(self, s: int) -> None:
         """New random content for set s, in place (the harnesses keep their mappings)."""

@@ -48,15 +48,15 @@ class Transport:
         if device == "cpu":
             os.makedirs(workdir, exist_ok=True)
 
-    def share(self, obj: Any, tag: str) -> dict:
+    def share(self, obj: Any) -> dict:
         if self.device == "cpu":
-            return wire.encode(obj, wire.file_share(self.workdir, tag))
+            return wire.encode(obj, wire.file_share(self.workdir))
         self.kept.append(obj)
         return wire.encode(obj, wire.ipc_share)
 
-    def slots(self, like: Any, tag: str) -> tuple[dict, Any]:
+    def slots(self, like: Any) -> tuple[dict, Any]:
         if self.device == "cpu":
-            tree = wire.encode(like, wire.file_slot(self.workdir, tag))
+            tree = wire.encode(like, wire.file_slot(self.workdir))
             return tree, None
         with self.shared.allocating():
             empty = tree_map(like, lambda t: torch.zeros(t.shape, dtype=t.dtype, device="cuda"))

@@ -1,0 +1,138 @@
+"""DSL code that leaves the DSL: TIRx host code calling host library functions or Python callbacks.
+
+A TIRx function compiled for the host (target llvm, and the host side of every GPU build) is native code
+that TVM links into the candidate process. `T.call_extern` reaches any symbol the process has loaded
+(libc's open or fork, libcuda's cuModuleLoadData and cuLaunchKernel), and `T.call_packed` any function in
+TVM's global registry, which kernel.py could fill with Python functions of its own. Either runs code the
+DSL did not build, beyond the seal (no audit event sees native code), and inside a genuine DSL call, where
+the knock-out, the share and the checks for forbidden features credit it to the DSL. Two checks close it,
+both before anything a build returned can run:
+
+- make_checker(): every host (llvm) module a TVM build returns may declare only LLVM intrinsics, the TVM
+  runtime's own entry points and C math functions, and may look up by name only the device kernels of the
+  same build, TVM's `__tvm_*` helpers and TVM runtime functions (`runtime.*`). Anything else is a finding,
+  and the build raises PermissionError. (Every shipped TIRx solution's host code, built for sm_90a, uses
+  TVMFFIErrorSetRaisedFromCStrParts, llvm.* intrinsics, its kernels, __tvm_set_device and
+  runtime.cuTensorMapEncodeTiled, nothing else.)
+- callbacks(): kernel.py may not register global functions. tvm_ffi's one registration entry point is
+  patched when tvm_ffi.core loads; registrations made during an import, or inside the judge's DSL hooks
+  (a compile), are TVM's own.
+
+Standard library only; loaded by path in the candidate process. The closures look up no global name (a
+test disassembles them), as the hooks' do.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable
+
+DECLARE_RE = re.compile(r'^declare[^@\n]*@"?([^"(\s]+)"?\(', re.M)
+"""An external function an LLVM module calls (`declare ... @name(`)."""
+PACKED_RE = re.compile(r'@"?__tvm_func_handle_init\.([^"(\s]+)"?\(')
+"""A function a TVM host module looks up by name at run time (T.call_packed, a kernel launch)."""
+RUNTIME = ("llvm.", "TVMFFI", "TVMBackend", "__tvm")
+"""Declared names that are LLVM intrinsics or the TVM runtime's own entry points."""
+CONVERSIONS = re.compile(r"__(trunc|extend)[a-z]+f2|__gnu_[fh]2[fh]_ieee")
+"""Compiler-runtime float conversions LLVM may call."""
+_MATH = ("exp exp2 expm1 log log2 log10 log1p pow sqrt cbrt sin cos tan asin acos atan atan2 sinh cosh tanh "
+         "asinh acosh atanh erf erfc fabs floor ceil round trunc fmod fma fmax fmin hypot ldexp copysign "
+         "nearbyint rint lgamma tgamma").split()
+MATH = frozenset(_MATH + [name + "f" for name in _MATH])
+"""C math functions (double and float) a host kernel may call."""
+PACKED_OK = ("__tvm", "runtime.")
+"""Names a host module may look up besides its own kernels: TVM's helpers and runtime functions."""
+
+
+def make_checker(finding: Callable[[str], None]) -> Callable[[object, list], None]:
+    """check(module, symbols): refuse a built TVM module whose host code calls outside the DSL (see above).
+
+    symbols: the device kernel symbols of the same build (hooks.tvm_symbols).
+    """
+    declare_re, packed_re, conversions = DECLARE_RE, PACKED_RE, CONVERSIONS
+    runtime, math, packed_ok = RUNTIME, MATH, PACKED_OK
+    getattr_, str_, set_, sorted_, id_ = getattr, str, set, sorted, id
+    Exception_, PermissionError_ = Exception, PermissionError
+
+    def host_sources(module) -> list:
+        """The LLVM IR of every host module under module (None where it cannot be read)."""
+        found, stack, seen = [], [getattr_(module, "mod", module)], set_()
+        while stack:
+            mod = stack.pop()
+            if id_(mod) in seen:
+                continue
+            seen.add(id_(mod))
+            if getattr_(mod, "kind", "") == "llvm":
+                try:
+                    found.append(str_(mod.inspect_source("ll")))
+                except Exception_:  # an LLVM module that cannot print its IR cannot be checked
+                    found.append(None)
+            stack.extend(getattr_(mod, "imports", ()) or ())
+        return found
+
+    def check(module, symbols: list) -> None:
+        kernels, bad = set_(symbols), set_()
+        for source in host_sources(module):
+            if source is None:
+                bad.add("built host code whose IR cannot be read")
+                continue
+            for name in declare_re.findall(source):
+                if not (name.startswith(runtime) or name in math or conversions.fullmatch(name)):
+                    bad.add("calls the host function " + name)
+            for name in packed_re.findall(source):
+                if name not in kernels and not name.startswith(packed_ok):
+                    bad.add("calls the global function " + name)
+        if bad:
+            text = ("TIRx host code " + "; ".join(sorted_(bad)[:5]) + ": code the DSL did not build (call_extern, "
+                    "call_packed of a Python function) is forbidden")
+            finding(text)
+            raise PermissionError_(text)
+
+    return check
+
+
+def make_asker(kind: Callable[[str], str]) -> Callable[[], bool]:
+    """asked(): whether kernel.py's code stands behind the caller of asked()'s caller, with nothing but
+    libraries between them (an import, or the judge's own hooks, in between make it the library's doing).
+
+    kind: seal.Roots.kind (harness, library, transparent, stdlib or candidate, by a code object's file).
+    """
+    getframe = sys._getframe
+
+    def asked() -> bool:
+        frame = getframe(2)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith("<frozen importlib"):
+                return False
+            found = kind(filename)
+            if found == "harness":
+                return False
+            if found == "candidate":
+                return True
+            frame = frame.f_back
+        return True  # only libraries on the stack: a thread kernel.py started
+
+    return asked
+
+
+def callbacks(finding: Callable[[str], None], asked: Callable[[], bool]) -> dict[str, Callable]:
+    """Import-watcher callbacks (hooks.install's extra): refuse kernel.py registering TVM global functions."""
+    return {"tvm_ffi.core": lambda module, _f=finding, _a=asked: _patch_registry(module, _f, _a)}
+
+
+def _patch_registry(module, finding: Callable[[str], None], asked: Callable[[], bool]) -> None:
+    original = getattr(module, "_register_global_func", None)
+    if original is None:
+        return
+
+    def _register_global_func(name, function, override, *rest, _original=original, _finding=finding, _asked=asked):
+        if _asked():
+            text = (f"kernel.py registered the TVM global function {str(name)[:80]!r}: DSL code may not call back "
+                    "into Python")
+            _finding(text)
+            raise PermissionError(text)
+        return _original(name, function, override, *rest)
+
+    module._register_global_func = _register_global_func
