@@ -336,3 +336,41 @@ def test_the_audit_floor_is_the_policy_floor():
     from mkb.audit import STRICT_SHARE
 
     assert STRICT_SHARE == policy.STRICT_SHARE
+
+
+def _host_modules():
+    """Three llvm builds: one that calls libc's getpid, one that calls a global function by name, one honest."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def extern(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "int64")
+        O[0] = T.call_extern("int64", "getpid")
+
+    @T.prim_func
+    def packed(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "float32")
+        T.evaluate(T.call_packed("kernel_py.callback"))
+        O[0] = T.float32(1)
+
+    @T.prim_func
+    def honest(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "float32")
+        O[0] = T.exp(O[1]) + T.call_pure_extern("float32", "tanhf", O[1])
+
+    return {name: tvm.compile(tvm.IRModule({"main": f}), target="llvm", tir_pipeline="tirx")
+            for name, f in (("extern", extern), ("packed", packed), ("honest", honest))}
+
+
+def test_tirx_host_code_may_not_call_outside_the_dsl():
+    """Host code calling a host library function (call_extern) or a global function by a name that is neither
+    its own kernel nor TVM's runtime (call_packed of a Python callback) is refused before it can run."""
+    built, found = _host_modules(), []
+    check = escape.make_checker(found.append)
+    for name, needle in (("extern", "host function getpid"), ("packed", "global function kernel_py.callback")):
+        with pytest.raises(PermissionError, match=needle):
+            check(built[name], [])
+    check(built["honest"], [])  # LLVM intrinsics, C math and TVM's own error entry point only
+    check(built["packed"], ["kernel_py.callback"])  # a kernel of the same build may be looked up by name
+    assert len(found) == 2 and all("code the DSL did not build" in f for f in found)

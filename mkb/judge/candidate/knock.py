@@ -240,9 +240,9 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
                           "stats": {p: seen[p] for p in written}, "s": took})
                     return result
-                for p in outputs:
-                    overwrite(tensors[p] if knocked else t_clone(tensors[p]), mode if knocked else knock_noise,
-                              seen[p])
+                for p in outputs:  # a copy either way, so that both modes do the same work
+                    scratch = t_clone(tensors[p])
+                    overwrite(tensors[p] if knocked else scratch, mode if knocked else knock_noise, seen[p])
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
             return result
         finally:

@@ -41,7 +41,7 @@ def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
 
 def knocked_out(referee, poison: str, plan: dict) -> dict:
     """One knocked-out draw on fresh inputs; what it showed (the record's details.knockout[poison])."""
-    seed, inputs, ref, anchor, _ = referee.prepare_draw(graded=False)
+    seed, inputs, ref, anchor, pristine = referee.prepare_draw(graded=False)
     tree = referee.transport.share(inputs)
     slot_tree, slots = referee.transport.slots(ref[0])
     reply, index = referee.solve(tree, slot_tree, POISONS[poison], plan)
@@ -51,13 +51,25 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
-        out = (referee.transport.read(slot_tree, slots, referee.place),
-               referee.updated(referee.read_inputs(tree, inputs)))
+        after = referee.read_inputs(tree, inputs)
+        out = (referee.transport.read(slot_tree, slots, referee.place), referee.updated(after))
         draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
         result.update(incorrect=not draw.ok,
                       how=checks.first_failure(draw, 0).removeprefix("draw 1: ") if not draw.ok else "correct")
+        _graded_work(referee, reply, out, ref, after, pristine)
     result["evidence"] = bool(result["incorrect"] and calls >= 1)
     return result
+
+
+def _graded_work(referee, reply: dict, out, ref, after, pristine) -> None:
+    """What judging a graded draw does after its comparison (the digests, the input guard), done and dropped:
+    the time before the next command must not tell the candidate that the draw it just ran was a knock-out."""
+    checks.digest(out)
+    checks.digest(ref)
+    try:
+        referee.guard_inputs(reply, after, pristine, 0)
+    except Failure:  # a knocked-out draw is judged on its answer only
+        pass
 
 
 def _failed_outright(reply: dict, ref, referee) -> str | None:
