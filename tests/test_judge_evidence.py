@@ -50,8 +50,12 @@ here = sys.argv[1]
 spec = importlib.util.spec_from_file_location("seal", os.path.join(here, "seal.py"))
 seal = importlib.util.module_from_spec(spec); spec.loader.exec_module(seal)
 reports = []
-seal.install(seal.Roots(here, sys.argv[2]), reports.append)
+roots = seal.Roots(here, sys.argv[2])
+seal.install(roots, reports.append)
 import torch
+spec = importlib.util.spec_from_file_location("escape", os.path.join(here, "escape.py"))
+escape = importlib.util.module_from_spec(spec); spec.loader.exec_module(escape)
+escape.patch_unaudited(reports.append, escape.make_asker(roots.kind))
 spec = importlib.util.spec_from_file_location("kernel", os.path.join(sys.argv[2], "kernel.py"))
 kernel = importlib.util.module_from_spec(spec); sys.modules["kernel"] = kernel; spec.loader.exec_module(kernel)
 results = kernel.attempts()
@@ -73,6 +77,14 @@ def attempts():
         "proc_mem": lambda: open("/proc/self/mem", "rb"),
         "fork": lambda: getattr(os, "fo" + "rk")(),
         "settrace": lambda: getattr(sys, "set" + "trace")(None),
+        # no audit event covers these: the preloaded modules' entry points are patched (escape.py)
+        "signal_handler": lambda: _loaded("sig" + "nal").signal(10, lambda signum, frame: None),
+        "gc_saveall": lambda: _loaded("g" + "c").set_debug(32),
+        "stack_dump": lambda: _loaded("fault" + "handler").dump_traceback(all_threads=True),
+        "tracemalloc": lambda: _loaded("trace" + "malloc").start(),
+        # traceback's extractor reads frames for text, but not the repr of every local
+        "capture_locals": lambda: traceback.TracebackException(RuntimeError, RuntimeError(), _tb(),
+                                                               capture_locals=True),
     }
     refused = {}
     for name, attempt in tries.items():
@@ -97,6 +109,9 @@ def attempts():
     Own.extra = 2  # its own class may change
     return refused, ok
 
+def _loaded(name):
+    return sys.modules[name] if name in sys.modules else builtins.__dict__["__imp" + "ort__"](name)
+
 def _tb():
     try:
         raise RuntimeError
@@ -110,17 +125,18 @@ def test_the_seal_refuses_the_candidate_and_lets_honest_code_run(tmp_path):
     for folder in (kernel_dir, judge_dir):
         folder.mkdir()
     (kernel_dir / "kernel.py").write_text(KERNEL)
-    (judge_dir / "seal.py").write_text((CANDIDATE / "seal.py").read_text())
+    for module in ("seal.py", "escape.py"):
+        (judge_dir / module).write_text((CANDIDATE / module).read_text())
     (judge_dir / "harness.py").write_text(SEALED)  # the harness is a file of the judge's folder, as child.py is
     done = subprocess.run([sys.executable, str(judge_dir / "harness.py"), str(judge_dir), str(kernel_dir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULTS"))
     refused, ok = eval(line.removeprefix("RESULTS "))  # noqa: S307 - our own subprocess's repr of two dicts
-    assert refused == dict.fromkeys(refused, True) and len(refused) == 9
+    assert refused == dict.fromkeys(refused, True) and len(refused) == 14
     assert ok == dict.fromkeys(ok, True) and len(ok) == 4
     reports = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("REPORTS")).split()[1])
-    assert reports >= 9  # every refusal is reported, whether or not the kernel catches the PermissionError
+    assert reports >= 14  # every refusal is reported, whether or not the kernel catches the PermissionError
 
 
 def test_wire_frames_carry_a_flag_and_evidence_goes_to_the_sink():

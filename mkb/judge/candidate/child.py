@@ -94,8 +94,9 @@ class Candidate:
             from_candidate = seal.install(roots, finding)
             core = knock.make_core(self.emit, finding)
             self.draw = core["draw"]
-            extra = {**guards.forbidden_callbacks(core, finding, from_candidate),
-                     **escape.callbacks(finding, escape.make_asker(roots.kind))}
+            asked = escape.make_asker(roots.kind)
+            escape.patch_unaudited(finding, asked)
+            extra = {**guards.forbidden_callbacks(core, finding, from_candidate), **escape.callbacks(finding, asked)}
             watcher = hooks.install(core, extra=extra, check=escape.make_checker(finding))
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)

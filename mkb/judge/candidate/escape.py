@@ -1,4 +1,4 @@
-"""DSL code that leaves the DSL: TIRx host code calling host library functions or Python callbacks.
+"""Ways out of the seal that no audit event sees: DSL host code, Python callbacks, unaudited frame sources.
 
 A TIRx function compiled for the host (target llvm, and the host side of every GPU build) is native code
 that TVM links into the candidate process. `T.call_extern` reaches any symbol the process has loaded
@@ -17,6 +17,14 @@ both before anything a build returned can run:
 - callbacks(): kernel.py may not register global functions. tvm_ffi's one registration entry point is
   patched when tvm_ffi.core loads; registrations made during an import, or inside the judge's DSL hooks
   (a compile), are TVM's own.
+
+Two standard entry points hand out frames, the objects the seal exists to keep away, without raising any
+audit event: a signal handler is called with the frame that was running (the harness's, whose f_back and
+f_locals lead to a draw's mode, the harness's channels, everything), and gc.set_debug(DEBUG_SAVEALL) puts
+every object a collection frees (frames of tracebacks among them) into gc.garbage; faulthandler and
+tracemalloc print where the harness's threads are and what its lines allocated. patch_unaudited() refuses
+them to kernel.py before it is imported (signal and gc are loaded with torch, so refusing their import
+cannot work: an import of a loaded module raises no event).
 
 Standard library only; loaded by path in the candidate process. The closures look up no global name (a
 test disassembles them), as the hooks' do.
@@ -136,3 +144,29 @@ def _patch_registry(module, finding: Callable[[str], None], asked: Callable[[], 
         return _original(name, function, override, *rest)
 
     module._register_global_func = _register_global_func
+
+
+UNAUDITED = (("_signal", "signal", "a signal handler is handed the running frame"),
+             ("gc", "set_debug", "DEBUG_SAVEALL keeps every freed object, frames too, in gc.garbage"),
+             ("faulthandler", "dump_traceback", "it prints where every thread of the judge's code is"),
+             ("faulthandler", "dump_traceback_later", "it prints where every thread of the judge's code is"),
+             ("faulthandler", "register", "it prints where every thread of the judge's code is"),
+             ("tracemalloc", "start", "allocation tracebacks name the judge's code behind its memory"))
+"""(module, function, why): entry points that give kernel.py frames without an audit event."""
+
+
+def patch_unaudited(report: Callable[[str], None], asked: Callable[[], bool]) -> None:
+    """Make each UNAUDITED entry point refuse kernel.py (asked(): see make_asker) with a report and PermissionError."""
+    for module_name, name, why in UNAUDITED:
+        module = sys.modules.get(module_name) or __import__(module_name)
+        original = getattr(module, name)
+
+        def guarded(*args, _original=original, _what=f"{module_name.lstrip('_')}.{name}", _why=why, _report=report,
+                    _asked=asked, **kwargs):
+            if _asked():
+                text = f"kernel.py called {_what} ({_why}): forbidden"
+                _report(text)
+                raise PermissionError(text)
+            return _original(*args, **kwargs)
+
+        setattr(module, name, guarded)

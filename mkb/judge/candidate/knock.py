@@ -15,7 +15,8 @@ it changed (with, after the observed draw, those it changed when observed) are i
 - KNOCK_NAN, KNOCK_NOISE: overwrite the call's outputs in place: with NaN (bitwise-not for integers), or with
   finite noise at the scale they have just been written with, which neither a NaN check, `0 * x` nor a
   range check can tell from an answer (and which no earlier call can steer).
-- NORMAL (after the observed draw): the same overwrites on scratch copies, so a call costs the same either way.
+- NORMAL (after the observed draw): the same overwrites (NaN or noise, at random) on scratch copies, so that a
+  call runs the same code, and costs the same, either way.
 
 A knocked-out call has run, so nothing it does besides its outputs (a return value, a write outside the
 tensors it was given, a callback, the time it takes) tells it from a real one. Only where the knock-out
@@ -240,9 +241,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
                           "stats": {p: seen[p] for p in written}, "s": took})
                     return result
-                for p in outputs:  # a copy either way, so that both modes do the same work
+                for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
                     scratch = t_clone(tensors[p])
-                    overwrite(tensors[p] if knocked else scratch, mode if knocked else knock_noise, seen[p])
+                    overwrite(tensors[p] if knocked else scratch,
+                              mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
             return result
         finally:

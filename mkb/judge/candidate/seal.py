@@ -16,7 +16,8 @@ installed libraries (torch, the DSLs) are allowed, except library modules that a
 (TRANSPARENT: they hand out frames or build native code) and code made at run time, which are skipped
 like the standard library.
 Two standard-library paths read frames only to return text and stay allowed: traceback's formatting of
-an exception and logging's search for its caller. Nothing the hook does runs the candidate's code
+an exception (not with capture_locals, whose text is the repr of every local of every frame) and logging's
+search for its caller. Nothing the hook does runs the candidate's code
 (no attribute lookups or comparisons on its objects), so no event can slip past while it decides.
 """
 
@@ -46,8 +47,11 @@ PATH_EVENTS = ("open", "os.rename", "os.link", "os.symlink", "shutil.copyfile", 
 IMPORT_WORK = ("exec", "marshal.loads", "compile")
 """What the import machinery does on its own when the candidate imports a module."""
 FORBIDDEN_IMPORTS = frozenset({"ctypes", "_ctypes", "cffi", "gc", "inspect", "subprocess", "_posixsubprocess",
-                               "multiprocessing", "_multiprocessing", "pty", "signal", "_signal", "runpy"})
-"""Modules the candidate's own code may not import at run time (the static scan names them too)."""
+                               "multiprocessing", "_multiprocessing", "pty", "signal", "_signal", "runpy",
+                               "faulthandler", "tracemalloc", "_testcapi", "_testinternalcapi"})
+"""Modules the candidate's own code may not import at run time (the static scan names them too). An import of a
+module already loaded raises no audit event (torch loads gc, inspect, signal and ctypes): what guards those is
+the audit events of their use, and escape.patch_unaudited for the entry points that raise none."""
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
 PROC_RE = re.compile(r"^/proc/(self|thread-self|\d+)/(task/\d+/)?(mem|fd|fdinfo|map_files|environ)\b")
 TRANSPARENT = ("/torch/_jit_internal.py", "/torch/jit/", "/torch/_sources.py", "/torch/package/",
@@ -156,6 +160,11 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
         if key not in READERS:
             return False
         above = frame.f_back
+        for extractor in (frame, above):  # traceback's extractor returns text, unless it captures locals
+            if extractor is not None and extractor.f_code.co_name == "_extract_from_extended_frame_gen":
+                wants = extractor.f_locals.get("capture_locals")
+                if wants is not False and wants is not None:
+                    return False
         return READERS[key] is None or (above is not None and above.f_code.co_name == READERS[key]
                                         and roots.kind(above.f_code.co_filename) == "stdlib")
 
