@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mkb.errors import ProblemFormatError
-from mkb.judge.candidate import escape, guards, hooks, knock, trace, wire
+from mkb.judge.candidate import escape, guards, hooks, knock, seal, trace, wire
 from mkb.judge.referee import evidence, knockout, policy, share
 from mkb.records import Check, Dsl
 
@@ -33,7 +33,8 @@ def _nested_code(code: types.CodeType):
 
 
 @pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint,
-                                     escape.make_checker, escape.make_asker])
+                                     escape.make_checker, escape.make_asker, guards.make_dispatcher_probe,
+                                     seal.install, seal.make_plain, seal.classifier])
 def test_sealed_code_looks_up_no_global_name(factory):
     """A candidate can rebind any module's globals (vars(module) is writable); the closures that read the
     knock-out's mode, or decide what is genuine, must not see that."""
@@ -390,3 +391,23 @@ def test_tirx_host_code_may_not_call_outside_the_dsl():
     check(built["honest"], [])  # LLVM intrinsics, C math and TVM's own error entry point only
     check(built["packed"], ["kernel_py.callback"])  # a kernel of the same build may be looked up by name
     assert len(found) == 2 and all("code the DSL did not build" in f for f in found)
+
+
+def test_the_dispatcher_probe_sees_python_between_the_judge_and_torchs_operators():
+    """A kernel registered for an operator the knock-out uses (at any dispatch key), or the Python dispatcher
+    switched on, changes what the probe reads; undoing either restores it."""
+    import torch
+
+    probe = guards.make_dispatcher_probe()
+    baseline = probe()
+    assert probe() == baseline
+    library = torch.library.Library("aten", "IMPL", "PrivateUse1")  # a key no CPU tensor reaches
+    library.impl("clone", lambda self, memory_format=None: self)
+    try:
+        assert probe() != baseline
+    finally:
+        library._destroy()
+    assert probe() == baseline
+    with torch._C._EnablePythonDispatcher():
+        assert probe() != baseline
+    assert probe() == baseline

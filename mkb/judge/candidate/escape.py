@@ -26,6 +26,12 @@ tracemalloc print where the harness's threads are and what its lines allocated. 
 them to kernel.py before it is imported (signal and gc are loaded with torch, so refusing their import
 cannot work: an import of a loaded module raises no event).
 
+A Python kernel registered for one of torch's operators (torch.library.impl("aten::copy_", "CPU"), which
+creates its Library inside torch) runs inside the judge's own tensor operations and sees which tensor the
+knock-out poisons. patch_dispatcher() refuses kernel.py every new library that is not a fresh namespace of
+its own; a kernel added to a library torch already holds is caught by the dispatcher probe
+(guards.make_dispatcher_probe) that the knock-out checks before it writes and the fingerprint carries.
+
 Standard library only; loaded by path in the candidate process. The closures look up no global name (a
 test disassembles them), as the hooks' do.
 """
@@ -170,3 +176,25 @@ def patch_unaudited(report: Callable[[str], None], asked: Callable[[], bool]) ->
             return _original(*args, **kwargs)
 
         setattr(module, name, guarded)
+
+
+def patch_dispatcher(report: Callable[[str], None], asked: Callable[[], bool]) -> None:
+    """Refuse kernel.py (asked(): see make_asker) a torch library that could hold kernels of existing operators:
+    any kind but DEF or FRAGMENT, or a namespace that already has operators (aten, prims, ...)."""
+    import torch
+
+    original = torch._C._dispatch_library
+    taken = frozenset(name.split("::")[0] for name in torch._C._dispatch_get_all_op_names())
+
+    def _dispatch_library(kind, ns, *args, _original=original, _taken=taken, _report=report, _asked=asked,
+                          _str=str, _PermissionError=PermissionError, **kwargs):
+        own_namespace = type(kind) is _str and kind in ("DEF", "FRAGMENT") and type(ns) is _str and ns not in _taken
+        if not own_namespace and _asked():
+            text = ("kernel.py made a torch library that can override torch's operators "
+                    f"({_str.__str__(kind) if type(kind) is _str else '?'} on "
+                    f"{_str.__str__(ns) if type(ns) is _str else '?'}): forbidden")
+            _report(text)
+            raise _PermissionError(text)
+        return _original(kind, ns, *args, **kwargs)
+
+    torch._C._dispatch_library = _dispatch_library

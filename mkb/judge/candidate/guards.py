@@ -46,11 +46,46 @@ WATCHED = (
 """Entry points the judge relies on (timing, the comparison's inputs, the knock-out), or that timing hacks replace."""
 FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
 """Other GPU languages: importing one at all is a policy violation."""
+DISPATCHED = ("fill_.Scalar", "copy_", "normal_", "uniform_", "random_.from", "clamp_", "lt.Scalar", "bitwise_not_",
+              "logical_not_", "clone", "equal", "empty.memory_format", "isfinite", "index.Tensor", "_to_copy", "mean",
+              "std.correction", "min", "max", "_local_scalar_dense", "view.dtype", "view", "reshape", "detach",
+              "contiguous", "eq.Tensor", "set_.source_Storage_storage_offset")
+"""ATen operators the knock-out and the harness run on the candidate's tensors: a Python kernel registered for one
+(torch.library on an existing library, say) would see which tensor the knock-out poisons."""
+PYTHON_KEYS = ("PythonDispatcher", "Python", "PythonTLSSnapshot", "PreDispatch", "Functionalize",
+               "FuncTorchDynamicLayerFrontMode", "FuncTorchDynamicLayerBackMode")
+"""Dispatch keys that, included in the thread's local set, route every operator into Python."""
 
 
-def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callable[[], dict[str, str]]:
+def make_dispatcher_probe() -> Callable[[], str]:
+    """probe(): the kernels registered for the DISPATCHED operators (torch's own dump of each) and the Python-routing
+    dispatch keys the thread includes, as one string; it changes when anyone puts Python between the judge and
+    those operators. A closure over what it needs, taken now; it looks up no global name."""
+    dump, included, keys = torch._C._dispatch_dump, torch._C._dispatch_tls_is_dispatch_key_included, torch._C.DispatchKey
+    names = []
+    for name in DISPATCHED:
+        try:
+            dump("aten::" + name)
+            names.append("aten::" + name)
+        except Exception:  # not an operator of this torch: nothing to watch
+            continue
+    python_keys = []
+    for key in PYTHON_KEYS:
+        if hasattr(keys, key):
+            python_keys.append(getattr(keys, key))
+    join, str_ = "\n".join, str
+
+    def probe() -> str:
+        return join([dump(name) for name in names] + [str_(included(k)) for k in python_keys])
+
+    return probe
+
+
+def make_fingerprint(own: list[types.ModuleType], hooks: list[object],
+                     probe: Callable[[], str]) -> Callable[[], dict[str, str]]:
     """A function naming the object behind every watched entry point, every callable of the judge's own
-    modules, and whether each of the judge's import hooks is still on sys.meta_path.
+    modules, whether each of the judge's import hooks is still on sys.meta_path, and the dispatcher's state
+    (probe, make_dispatcher_probe).
 
     It is a closure over what it needs, taken now (before kernel.py is imported), and looks up no global
     name, so a candidate that replaces module attributes cannot make it report the old objects.
@@ -63,7 +98,7 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callab
     meta_path, getattr_, id_, str_, type_, callable_ = sys.meta_path, getattr, id, str, type, callable
     list_, enumerate_, watched = list, enumerate, WATCHED
     dispatch_depth, function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
-    module_type = types.ModuleType
+    module_type, hash_ = types.ModuleType, hash
 
     def resolve(dotted: str):
         head, *rest = dotted.split(".")
@@ -88,6 +123,7 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callab
                 present = present or entry is hook
             found["sys.meta_path[judge hook " + str_(i) + "]"] = str_(present)
         found["torch dispatch/function modes"] = str_(dispatch_depth() + function_depth())
+        found["torch dispatcher (Python kernels on the judge's operators)"] = str_(hash_(probe()))
         return found
 
     return fingerprint
@@ -172,15 +208,13 @@ def describe_shape(obj: Any) -> Any:
 
 # -- forbidden runtime features (each use becomes a finding for the referee) -------------------
 
-def forbidden_callbacks(core, finding: Callable[[str], None], from_candidate: Callable[[], bool]) -> dict[str, Callable]:
-    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads, operator overrides and
-    other GPU languages. The wrappers hold the core and finding() in default arguments (see hooks.py);
-    from_candidate() tells whether the candidate's code asked (seal.py)."""
+def forbidden_callbacks(core, finding: Callable[[str], None]) -> dict[str, Callable]:
+    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads and other GPU languages. The
+    wrappers hold the core and finding() in default arguments (see hooks.py). Operator overrides: escape.py."""
     callbacks = {"cuda.bindings.nvrtc": lambda m, _c=core, _f=finding: _patch_nvrtc(_c, _f, m),
                  "cuda.bindings.driver": lambda m, _c=core, _f=finding: _patch_driver(_c, _f, m),
                  "triton": lambda m, _f=finding: _patch_triton(_f),
-                 "torch.utils.cpp_extension": lambda m, _f=finding: _patch_cpp_extension(_f, m),
-                 "torch.library": lambda m, _f=finding, _w=from_candidate: _patch_library(_f, _w, m)}
+                 "torch.utils.cpp_extension": lambda m, _f=finding: _patch_cpp_extension(_f, m)}
     for name in FORBIDDEN_MODULES:
         callbacks[name] = lambda m, _f=finding, _n=name: _f(f"imported {_n} (another GPU language)")
     _patch_torch(finding)
@@ -240,20 +274,6 @@ def _patch_cpp_extension(finding, module) -> None:
             return _original(*args, **kwargs)
 
         setattr(module, name, loader)
-
-
-def _patch_library(finding, from_candidate, module) -> None:
-    """A Python kernel for an ATen operator would see (and could change) the judge's own tensor operations."""
-    library = getattr(module, "Library", None)
-    if library is None:
-        return
-
-    def __init__(self, ns, kind, *args, _original=library.__init__, _finding=finding, _asks=from_candidate, **kwargs):
-        if _asks() and (ns == "aten" or kind != "DEF"):
-            _finding(f"kernel.py made torch.library.Library({ns!r}, {kind!r}): overriding operator kernels is forbidden")
-        return _original(self, ns, kind, *args, **kwargs)
-
-    library.__init__ = __init__
 
 
 def _patch_torch(finding) -> None:

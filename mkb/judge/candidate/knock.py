@@ -51,8 +51,12 @@ def new_state(mode: int, plan) -> list:
     return [mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
 
 
-def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> dict:
+def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], probe: Callable[[], str]) -> dict:
     """The core (a dict of closures), reporting through emit and finding.
+
+    probe() describes the dispatcher (guards.make_dispatcher_probe): it must read as it did when core["arm"]() was
+    last called (by the harness, before kernel.py is imported) whenever the core writes a poison, or a Python
+    kernel on an operator would see the writes.
 
     The harness hands it each draw's state with core["draw"](state) before solve() and core["draw"](None)
     after: the state then lives only in a cell of these closures, which nothing the candidate reaches
@@ -90,6 +94,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
     """DSL calls and compiles under way, in or out of a draw (NVRTC and module loads inside them are the DSL's)."""
 
     current: list = [None]
+    dispatcher = [probe()]
+
+    def arm() -> None:
+        dispatcher[0] = probe()
 
     def draw(state) -> None:
         current[0] = state
@@ -241,6 +249,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
                           "stats": {p: seen[p] for p in written}, "s": took})
                     return result
+                if outputs and probe() != dispatcher[0]:
+                    finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
+                            "Python dispatcher): it would see the knock-out's writes")
+                    raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
                 for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
                     scratch = t_clone(tensors[p])
                     overwrite(tensors[p] if knocked else scratch,
@@ -277,4 +289,4 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
         return active[0] > 0
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
-            "compile_scope": compile_scope, "inside": inside, "draw": draw}
+            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm}
