@@ -33,8 +33,8 @@ def _nested_code(code: types.CodeType):
 
 
 @pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint,
-                                     escape.make_checker, escape.make_asker, guards.make_dispatcher_probe,
-                                     seal.install, seal.make_plain, seal.classifier])
+                                     escape.make_checker, escape.make_asker, escape.make_dispatcher_probe,
+                                     seal.install, seal.make_plain, seal.classifier, hooks.make_ledger])
 def test_sealed_code_looks_up_no_global_name(factory):
     """A candidate can rebind any module's globals (vars(module) is writable); the closures that read the
     knock-out's mode, or decide what is genuine, must not see that."""
@@ -398,7 +398,7 @@ def test_the_dispatcher_probe_sees_python_between_the_judge_and_torchs_operators
     switched on, changes what the probe reads; undoing either restores it."""
     import torch
 
-    probe = guards.make_dispatcher_probe()
+    probe = escape.make_dispatcher_probe()
     baseline = probe()
     assert probe() == baseline
     library = torch.library.Library("aten", "IMPL", "PrivateUse1")  # a key no CPU tensor reaches

@@ -94,18 +94,19 @@ class Candidate:
             finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
             roots = seal.Roots(_HERE, os.path.dirname(self.spec["kernel"]))
             seal.install(roots, finding)
-            probe = guards.make_dispatcher_probe()
+            probe = escape.make_dispatcher_probe()
             core = knock.make_core(self.emit, finding, probe)
             self.draw, self.arm = core["draw"], core["arm"]
             asked = escape.make_asker(roots.kind)
             escape.patch_unaudited(finding, asked)
             escape.patch_dispatcher(finding, asked)
             extra = {**guards.forbidden_callbacks(core, finding), **escape.callbacks(finding, asked)}
-            watcher = hooks.install(core, extra=extra, check=escape.make_checker(finding))
+            watcher, unwatched = hooks.install(core, extra=extra, check=escape.make_checker(finding), report=finding)
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)
             self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal, escape,
-                                                        sys.modules["__main__"]], [watcher, blocker], probe)
+                                                        sys.modules["__main__"]], [watcher, blocker], probe,
+                                                        unwatched)
         warm = time.monotonic()
         if self.device == "cuda":
             trace.warm_up()  # whatever the profiler sets up lazily happens before the baseline

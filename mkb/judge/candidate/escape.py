@@ -30,10 +30,10 @@ A Python kernel registered for one of torch's operators (torch.library.impl("ate
 creates its Library inside torch) runs inside the judge's own tensor operations and sees which tensor the
 knock-out poisons. patch_dispatcher() refuses kernel.py every new library that is not a fresh namespace of
 its own; a kernel added to a library torch already holds is caught by the dispatcher probe
-(guards.make_dispatcher_probe) that the knock-out checks before it writes and the fingerprint carries.
+(make_dispatcher_probe) that the knock-out checks before it writes and the fingerprint carries.
 
-Standard library only; loaded by path in the candidate process. The closures look up no global name (a
-test disassembles them), as the hooks' do.
+Standard library and torch only; loaded by path in the candidate process. The closures look up no global name
+(a test disassembles them), as the hooks' do.
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from __future__ import annotations
 import re
 import sys
 from typing import Callable
+
+import torch
 
 DECLARE_RE = re.compile(r'^declare[^@\n]*@"?([^"(\s]+)"?\(', re.M)
 """An external function an LLVM module calls (`declare ... @name(`)."""
@@ -152,6 +154,17 @@ def _patch_registry(module, finding: Callable[[str], None], asked: Callable[[], 
     module._register_global_func = _register_global_func
 
 
+DISPATCHED = ("fill_.Scalar", "copy_", "normal_", "uniform_", "random_.from", "clamp_", "lt.Scalar", "bitwise_not_",
+              "logical_not_", "clone", "equal", "empty.memory_format", "isfinite", "index.Tensor", "_to_copy", "mean",
+              "std.correction", "min", "max", "_local_scalar_dense", "view.dtype", "view", "reshape", "detach",
+              "contiguous", "eq.Tensor", "set_.source_Storage_storage_offset")
+"""ATen operators the knock-out and the harness run on the candidate's tensors: a Python kernel registered for one
+(torch.library on an existing library, say) would see which tensor the knock-out poisons."""
+PYTHON_KEYS = ("PythonDispatcher", "Python", "PythonTLSSnapshot", "PreDispatch", "Functionalize",
+               "FuncTorchDynamicLayerFrontMode", "FuncTorchDynamicLayerBackMode")
+"""Dispatch keys that, included in the thread's local set, route every operator into Python."""
+
+
 UNAUDITED = (("_signal", "signal", "a signal handler is handed the running frame"),
              ("gc", "set_debug", "DEBUG_SAVEALL keeps every freed object, frames too, in gc.garbage"),
              ("faulthandler", "dump_traceback", "it prints where every thread of the judge's code is"),
@@ -178,11 +191,33 @@ def patch_unaudited(report: Callable[[str], None], asked: Callable[[], bool]) ->
         setattr(module, name, guarded)
 
 
+def make_dispatcher_probe() -> Callable[[], str]:
+    """probe(): the kernels registered for the DISPATCHED operators (torch's own dump of each) and the Python-routing
+    dispatch keys the thread includes, as one string; it changes when anyone puts Python between the judge and
+    those operators. A closure over what it needs, taken now; it looks up no global name."""
+    dump, included, keys = torch._C._dispatch_dump, torch._C._dispatch_tls_is_dispatch_key_included, torch._C.DispatchKey
+    names = []
+    for name in DISPATCHED:
+        try:
+            dump("aten::" + name)
+            names.append("aten::" + name)
+        except Exception:  # not an operator of this torch: nothing to watch
+            continue
+    python_keys = []
+    for key in PYTHON_KEYS:
+        if hasattr(keys, key):
+            python_keys.append(getattr(keys, key))
+    join, str_ = "\n".join, str
+
+    def probe() -> str:
+        return join([dump(name) for name in names] + [str_(included(k)) for k in python_keys])
+
+    return probe
+
+
 def patch_dispatcher(report: Callable[[str], None], asked: Callable[[], bool]) -> None:
     """Refuse kernel.py (asked(): see make_asker) a torch library that could hold kernels of existing operators:
     any kind but DEF or FRAGMENT, or a namespace that already has operators (aten, prims, ...)."""
-    import torch
-
     original = torch._C._dispatch_library
     taken = frozenset(name.split("::")[0] for name in torch._C._dispatch_get_all_op_names())
 

@@ -46,46 +46,13 @@ WATCHED = (
 """Entry points the judge relies on (timing, the comparison's inputs, the knock-out), or that timing hacks replace."""
 FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
 """Other GPU languages: importing one at all is a policy violation."""
-DISPATCHED = ("fill_.Scalar", "copy_", "normal_", "uniform_", "random_.from", "clamp_", "lt.Scalar", "bitwise_not_",
-              "logical_not_", "clone", "equal", "empty.memory_format", "isfinite", "index.Tensor", "_to_copy", "mean",
-              "std.correction", "min", "max", "_local_scalar_dense", "view.dtype", "view", "reshape", "detach",
-              "contiguous", "eq.Tensor", "set_.source_Storage_storage_offset")
-"""ATen operators the knock-out and the harness run on the candidate's tensors: a Python kernel registered for one
-(torch.library on an existing library, say) would see which tensor the knock-out poisons."""
-PYTHON_KEYS = ("PythonDispatcher", "Python", "PythonTLSSnapshot", "PreDispatch", "Functionalize",
-               "FuncTorchDynamicLayerFrontMode", "FuncTorchDynamicLayerBackMode")
-"""Dispatch keys that, included in the thread's local set, route every operator into Python."""
 
 
-def make_dispatcher_probe() -> Callable[[], str]:
-    """probe(): the kernels registered for the DISPATCHED operators (torch's own dump of each) and the Python-routing
-    dispatch keys the thread includes, as one string; it changes when anyone puts Python between the judge and
-    those operators. A closure over what it needs, taken now; it looks up no global name."""
-    dump, included, keys = torch._C._dispatch_dump, torch._C._dispatch_tls_is_dispatch_key_included, torch._C.DispatchKey
-    names = []
-    for name in DISPATCHED:
-        try:
-            dump("aten::" + name)
-            names.append("aten::" + name)
-        except Exception:  # not an operator of this torch: nothing to watch
-            continue
-    python_keys = []
-    for key in PYTHON_KEYS:
-        if hasattr(keys, key):
-            python_keys.append(getattr(keys, key))
-    join, str_ = "\n".join, str
-
-    def probe() -> str:
-        return join([dump(name) for name in names] + [str_(included(k)) for k in python_keys])
-
-    return probe
-
-
-def make_fingerprint(own: list[types.ModuleType], hooks: list[object],
-                     probe: Callable[[], str]) -> Callable[[], dict[str, str]]:
+def make_fingerprint(own: list[types.ModuleType], hooks: list[object], probe: Callable[[], str],
+                     unwatched: Callable[[], list] = lambda: []) -> Callable[[], dict[str, str]]:
     """A function naming the object behind every watched entry point, every callable of the judge's own
-    modules, whether each of the judge's import hooks is still on sys.meta_path, and the dispatcher's state
-    (probe, make_dispatcher_probe).
+    modules, whether each of the judge's import hooks is still on sys.meta_path, the dispatcher's state
+    (probe, escape.make_dispatcher_probe) and the watched modules loaded around those hooks (unwatched, hooks.make_ledger).
 
     It is a closure over what it needs, taken now (before kernel.py is imported), and looks up no global
     name, so a candidate that replaces module attributes cannot make it report the old objects.
@@ -124,6 +91,7 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object],
             found["sys.meta_path[judge hook " + str_(i) + "]"] = str_(present)
         found["torch dispatch/function modes"] = str_(dispatch_depth() + function_depth())
         found["torch dispatcher (Python kernels on the judge's operators)"] = str_(hash_(probe()))
+        found["watched modules loaded around the judge's import hooks"] = str_(unwatched())
         return found
 
     return fingerprint

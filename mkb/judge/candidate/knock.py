@@ -54,7 +54,7 @@ def new_state(mode: int, plan) -> list:
 def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], probe: Callable[[], str]) -> dict:
     """The core (a dict of closures), reporting through emit and finding.
 
-    probe() describes the dispatcher (guards.make_dispatcher_probe): it must read as it did when core["arm"]() was
+    probe() describes the dispatcher (escape.make_dispatcher_probe): it must read as it did when core["arm"]() was
     last called (by the harness, before kernel.py is imported) whenever the core writes a poison, or a Python
     kernel on an operator would see the writes.
 
