@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mkb.errors import ProblemFormatError
-from mkb.judge.candidate import guards, hooks, knock, trace, wire
+from mkb.judge.candidate import escape, guards, hooks, knock, seal, trace, wire
 from mkb.judge.referee import evidence, knockout, policy, share
 from mkb.records import Check, Dsl
 
@@ -32,7 +32,9 @@ def _nested_code(code: types.CodeType):
             yield from _nested_code(const)
 
 
-@pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint])
+@pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint,
+                                     escape.make_checker, escape.make_asker, escape.make_dispatcher_probe,
+                                     seal.install, seal.make_plain, seal.classifier, hooks.make_ledger])
 def test_sealed_code_looks_up_no_global_name(factory):
     """A candidate can rebind any module's globals (vars(module) is writable); the closures that read the
     knock-out's mode, or decide what is genuine, must not see that."""
@@ -49,8 +51,12 @@ here = sys.argv[1]
 spec = importlib.util.spec_from_file_location("seal", os.path.join(here, "seal.py"))
 seal = importlib.util.module_from_spec(spec); spec.loader.exec_module(seal)
 reports = []
-seal.install(seal.Roots(here, sys.argv[2]), reports.append)
+roots = seal.Roots(here, sys.argv[2])
+seal.install(roots, reports.append)
 import torch
+spec = importlib.util.spec_from_file_location("escape", os.path.join(here, "escape.py"))
+escape = importlib.util.module_from_spec(spec); spec.loader.exec_module(escape)
+escape.patch_unaudited(reports.append, escape.make_asker(roots.kind))
 spec = importlib.util.spec_from_file_location("kernel", os.path.join(sys.argv[2], "kernel.py"))
 kernel = importlib.util.module_from_spec(spec); sys.modules["kernel"] = kernel; spec.loader.exec_module(kernel)
 results = kernel.attempts()
@@ -72,6 +78,14 @@ def attempts():
         "proc_mem": lambda: open("/proc/self/mem", "rb"),
         "fork": lambda: getattr(os, "fo" + "rk")(),
         "settrace": lambda: getattr(sys, "set" + "trace")(None),
+        # no audit event covers these: the preloaded modules' entry points are patched (escape.py)
+        "signal_handler": lambda: _loaded("sig" + "nal").signal(10, lambda signum, frame: None),
+        "gc_saveall": lambda: _loaded("g" + "c").set_debug(32),
+        "stack_dump": lambda: _loaded("fault" + "handler").dump_traceback(all_threads=True),
+        "tracemalloc": lambda: _loaded("trace" + "malloc").start(),
+        # traceback's extractor reads frames for text, but not the repr of every local
+        "capture_locals": lambda: traceback.TracebackException(RuntimeError, RuntimeError(), _tb(),
+                                                               capture_locals=True),
     }
     refused = {}
     for name, attempt in tries.items():
@@ -96,6 +110,9 @@ def attempts():
     Own.extra = 2  # its own class may change
     return refused, ok
 
+def _loaded(name):
+    return sys.modules[name] if name in sys.modules else builtins.__dict__["__imp" + "ort__"](name)
+
 def _tb():
     try:
         raise RuntimeError
@@ -109,17 +126,18 @@ def test_the_seal_refuses_the_candidate_and_lets_honest_code_run(tmp_path):
     for folder in (kernel_dir, judge_dir):
         folder.mkdir()
     (kernel_dir / "kernel.py").write_text(KERNEL)
-    (judge_dir / "seal.py").write_text((CANDIDATE / "seal.py").read_text())
+    for module in ("seal.py", "escape.py"):
+        (judge_dir / module).write_text((CANDIDATE / module).read_text())
     (judge_dir / "harness.py").write_text(SEALED)  # the harness is a file of the judge's folder, as child.py is
     done = subprocess.run([sys.executable, str(judge_dir / "harness.py"), str(judge_dir), str(kernel_dir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(ln for ln in done.stdout.splitlines() if ln.startswith("RESULTS"))
     refused, ok = eval(line.removeprefix("RESULTS "))  # noqa: S307 - our own subprocess's repr of two dicts
-    assert refused == dict.fromkeys(refused, True) and len(refused) == 9
+    assert refused == dict.fromkeys(refused, True) and len(refused) == 14
     assert ok == dict.fromkeys(ok, True) and len(ok) == 4
     reports = int(next(ln for ln in done.stdout.splitlines() if ln.startswith("REPORTS")).split()[1])
-    assert reports >= 9  # every refusal is reported, whether or not the kernel catches the PermissionError
+    assert reports >= 14  # every refusal is reported, whether or not the kernel catches the PermissionError
 
 
 def test_wire_frames_carry_a_flag_and_evidence_goes_to_the_sink():
@@ -335,3 +353,61 @@ def test_the_audit_floor_is_the_policy_floor():
     from mkb.audit import STRICT_SHARE
 
     assert STRICT_SHARE == policy.STRICT_SHARE
+
+
+def _host_modules():
+    """Three llvm builds: one that calls libc's getpid, one that calls a global function by name, one honest."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def extern(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "int64")
+        O[0] = T.call_extern("int64", "getpid")
+
+    @T.prim_func
+    def packed(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "float32")
+        T.evaluate(T.call_packed("kernel_py.callback"))
+        O[0] = T.float32(1)
+
+    @T.prim_func
+    def honest(o_h: T.handle):
+        O = T.match_buffer(o_h, (2,), "float32")
+        O[0] = T.exp(O[1]) + T.call_pure_extern("float32", "tanhf", O[1])
+
+    return {name: tvm.compile(tvm.IRModule({"main": f}), target="llvm", tir_pipeline="tirx")
+            for name, f in (("extern", extern), ("packed", packed), ("honest", honest))}
+
+
+def test_tirx_host_code_may_not_call_outside_the_dsl():
+    """Host code calling a host library function (call_extern) or a global function by a name that is neither
+    its own kernel nor TVM's runtime (call_packed of a Python callback) is refused before it can run."""
+    built, found = _host_modules(), []
+    check = escape.make_checker(found.append)
+    for name, needle in (("extern", "host function getpid"), ("packed", "global function kernel_py.callback")):
+        with pytest.raises(PermissionError, match=needle):
+            check(built[name], [])
+    check(built["honest"], [])  # LLVM intrinsics, C math and TVM's own error entry point only
+    check(built["packed"], ["kernel_py.callback"])  # a kernel of the same build may be looked up by name
+    assert len(found) == 2 and all("code the DSL did not build" in f for f in found)
+
+
+def test_the_dispatcher_probe_sees_python_between_the_judge_and_torchs_operators():
+    """A kernel registered for an operator the knock-out uses (at any dispatch key), or the Python dispatcher
+    switched on, changes what the probe reads; undoing either restores it."""
+    import torch
+
+    probe = escape.make_dispatcher_probe()
+    baseline = probe()
+    assert probe() == baseline
+    library = torch.library.Library("aten", "IMPL", "PrivateUse1")  # a key no CPU tensor reaches
+    library.impl("clone", lambda self, memory_format=None: self)
+    try:
+        assert probe() != baseline
+    finally:
+        library._destroy()
+    assert probe() == baseline
+    with torch._C._EnablePythonDispatcher():
+        assert probe() != baseline
+    assert probe() == baseline

@@ -186,7 +186,7 @@ class Evaluation:
             return {"status": Status.INFRA_ERROR, "message": message}, details, log_tail
         details.update(verdict.pop("details", {}))
         details.setdefault("candidate", reported)
-        if phase := details.pop("candidate_died", None):
+        if (phase := details.pop("candidate_died", None)) and verdict["status"] == Status.CRASHED:
             verdict["message"] = f"the candidate process {candidate.describe_exit()} during {phase}"
         if verdict["status"] == Status.INFRA_ERROR:
             details["referee_log"] = referee.stderr.text()[-4000:]

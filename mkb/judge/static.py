@@ -25,6 +25,8 @@ FORBIDDEN_IMPORTS = {
     "inspect": "frame introspection", "runpy": "running other files as code (runpy)",
     "_socket": "network sockets", "posix": "raw system calls (posix)", "_posixsubprocess": "subprocess",
     "_ctypes": "ctypes", "_multiprocessing": "multiprocessing",
+    "faulthandler": "stack dumps of every thread", "tracemalloc": "allocation tracebacks",
+    "_testcapi": "CPython's test internals", "_testinternalcapi": "CPython's test internals",
 }
 FORBIDDEN_ATTRIBUTES = {
     ("torch", "compile"): "torch.compile", ("torch", "jit"): "TorchScript (torch.jit)",

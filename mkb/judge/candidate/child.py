@@ -38,7 +38,8 @@ def _load(name: str):
     return module
 
 
-wire, knock, hooks, guards, trace, seal = (_load(n) for n in ("wire", "knock", "hooks", "guards", "trace", "seal"))
+wire, knock, hooks, guards, trace, seal, escape = (_load(n) for n in ("wire", "knock", "hooks", "guards", "trace",
+                                                                     "seal", "escape"))
 _MODULES_LOADED = time.monotonic()
 _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
@@ -77,6 +78,8 @@ class Candidate:
         self.new_state, self.describe, self.copy_into = knock.new_state, guards.describe, guards.copy_into
         self.draw = lambda state: None
         """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
+        self.arm = lambda: None
+        """Takes the core's baseline of the dispatcher (knock.py) once the profiler is warm; set in start()."""
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -98,14 +101,21 @@ class Candidate:
         """Seal the process, install the hooks, warm the profiler, stream the baseline fingerprint; say hello."""
         if self.spec["role"] == "candidate":
             finding = lambda text, _emit=self.emit: _emit({"ev": "finding", "text": str(text)})  # noqa: E731
-            from_candidate = seal.install(seal.Roots(_HERE, os.path.dirname(self.spec["kernel"])), finding)
-            core = knock.make_core(self.emit, finding)
-            self.draw = core["draw"]
-            watcher = hooks.install(core, extra=guards.forbidden_callbacks(core, finding, from_candidate))
+            roots = seal.Roots(_HERE, os.path.dirname(self.spec["kernel"]))
+            seal.install(roots, finding)
+            probe = escape.make_dispatcher_probe()
+            core = knock.make_core(self.emit, finding, probe)
+            self.draw, self.arm = core["draw"], core["arm"]
+            asked = escape.make_asker(roots.kind)
+            escape.patch_unaudited(finding, asked)
+            escape.patch_dispatcher(finding, asked)
+            extra = {**guards.forbidden_callbacks(core, finding), **escape.callbacks(finding, asked)}
+            watcher, unwatched = hooks.install(core, extra=extra, check=escape.make_checker(finding), report=finding)
             blocker = _Blocker()
             sys.meta_path.insert(0, blocker)
-            self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal,
-                                                        sys.modules["__main__"]], [watcher, blocker])
+            self.fingerprint = guards.make_fingerprint([wire, knock, hooks, guards, trace, seal, escape,
+                                                        sys.modules["__main__"]], [watcher, blocker], probe,
+                                                        unwatched)
         warm = time.monotonic()
         if self.device == "cuda":
             trace.warm_up()  # whatever the profiler sets up lazily happens before the baseline
@@ -114,6 +124,7 @@ class Candidate:
                      "waiting_for_spec": round(spec_at - _MODULES_LOADED, 3),
                      "hooks": round(warm - spec_at, 3),
                      "warm_up_and_snapshot": round(time.monotonic() - warm, 3)}
+        self.arm()
         self.report_integrity()
         os.write(self.spec["ready_fd"], b"ready")
         os.close(self.spec["ready_fd"])

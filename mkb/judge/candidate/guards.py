@@ -48,9 +48,11 @@ FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "ti
 """Other GPU languages: importing one at all is a policy violation."""
 
 
-def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callable[[], dict[str, str]]:
+def make_fingerprint(own: list[types.ModuleType], hooks: list[object], probe: Callable[[], str],
+                     unwatched: Callable[[], list] = lambda: []) -> Callable[[], dict[str, str]]:
     """A function naming the object behind every watched entry point, every callable of the judge's own
-    modules, and whether each of the judge's import hooks is still on sys.meta_path.
+    modules, whether each of the judge's import hooks is still on sys.meta_path, the dispatcher's state
+    (probe, escape.make_dispatcher_probe) and the watched modules loaded around those hooks (unwatched, hooks.make_ledger).
 
     It is a closure over what it needs, taken now (before kernel.py is imported), and looks up no global
     name, so a candidate that replaces module attributes cannot make it report the old objects.
@@ -63,7 +65,7 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callab
     meta_path, getattr_, id_, str_, type_, callable_ = sys.meta_path, getattr, id, str, type, callable
     list_, enumerate_, watched = list, enumerate, WATCHED
     dispatch_depth, function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
-    module_type = types.ModuleType
+    module_type, hash_ = types.ModuleType, hash
 
     def resolve(dotted: str):
         head, *rest = dotted.split(".")
@@ -88,6 +90,8 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object]) -> Callab
                 present = present or entry is hook
             found["sys.meta_path[judge hook " + str_(i) + "]"] = str_(present)
         found["torch dispatch/function modes"] = str_(dispatch_depth() + function_depth())
+        found["torch dispatcher (Python kernels on the judge's operators)"] = str_(hash_(probe()))
+        found["watched modules loaded around the judge's import hooks"] = str_(unwatched())
         return found
 
     return fingerprint
@@ -181,15 +185,13 @@ def describe_shape(obj: Any) -> Any:
 
 # -- forbidden runtime features (each use becomes a finding for the referee) -------------------
 
-def forbidden_callbacks(core, finding: Callable[[str], None], from_candidate: Callable[[], bool]) -> dict[str, Callable]:
-    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads, operator overrides and
-    other GPU languages. The wrappers hold the core and finding() in default arguments (see hooks.py);
-    from_candidate() tells whether the candidate's code asked (seal.py)."""
+def forbidden_callbacks(core, finding: Callable[[str], None]) -> dict[str, Callable]:
+    """Import-watcher callbacks for NVRTC, Triton, C++ extensions, raw module loads and other GPU languages. The
+    wrappers hold the core and finding() in default arguments (see hooks.py). Operator overrides: escape.py."""
     callbacks = {"cuda.bindings.nvrtc": lambda m, _c=core, _f=finding: _patch_nvrtc(_c, _f, m),
                  "cuda.bindings.driver": lambda m, _c=core, _f=finding: _patch_driver(_c, _f, m),
                  "triton": lambda m, _f=finding: _patch_triton(_f),
-                 "torch.utils.cpp_extension": lambda m, _f=finding: _patch_cpp_extension(_f, m),
-                 "torch.library": lambda m, _f=finding, _w=from_candidate: _patch_library(_f, _w, m)}
+                 "torch.utils.cpp_extension": lambda m, _f=finding: _patch_cpp_extension(_f, m)}
     for name in FORBIDDEN_MODULES:
         callbacks[name] = lambda m, _f=finding, _n=name: _f(f"imported {_n} (another GPU language)")
     _patch_torch(finding)
@@ -249,20 +251,6 @@ def _patch_cpp_extension(finding, module) -> None:
             return _original(*args, **kwargs)
 
         setattr(module, name, loader)
-
-
-def _patch_library(finding, from_candidate, module) -> None:
-    """A Python kernel for an ATen operator would see (and could change) the judge's own tensor operations."""
-    library = getattr(module, "Library", None)
-    if library is None:
-        return
-
-    def __init__(self, ns, kind, *args, _original=library.__init__, _finding=finding, _asks=from_candidate, **kwargs):
-        if _asks() and (ns == "aten" or kind != "DEF"):
-            _finding(f"kernel.py made torch.library.Library({ns!r}, {kind!r}): overriding operator kernels is forbidden")
-        return _original(self, ns, kind, *args, **kwargs)
-
-    library.__init__ = __init__
 
 
 def _patch_torch(finding) -> None:

@@ -26,17 +26,52 @@ PTX_ENTRY_RE = re.compile(r"\.entry\s+(\w+)\s*\(")
 KERNEL_RE = re.compile(r"__global__\s+(?:void\s+)?(?:__launch_bounds__\([^)]*\)\s*)?(?:void\s+)?(\w+)\s*\(")
 
 
-def install(core, extra: dict[str, Callable] | None = None) -> importlib.abc.MetaPathFinder:
-    """Watch the DSLs (and the modules in extra); patch those already imported. Returns the watcher."""
-    entries = make_entries(core)
+def install(core, extra: dict[str, Callable] | None = None, check: Callable[[object, list], None] | None = None,
+            report: Callable[[str], None] = lambda text: None) -> tuple[importlib.abc.MetaPathFinder, Callable]:
+    """Watch the DSLs (and the modules in extra); patch those already imported. Returns the watcher and unwatched().
+
+    check(module, symbols) vets every module a TVM build or load returns before it is registered (escape.py).
+    unwatched() (see make_ledger) patches, reports and names the watched modules loaded around the watcher.
+    """
+    entries = make_entries(core, check or (lambda module, symbols: None))
     callbacks = {"cutlass.cute": lambda m, _e=entries: _e["patch_cute"](),
                  "tvm": lambda m, _e=entries: _e["patch_tvm"](), **(extra or {})}
+    callbacks, unwatched = make_ledger(callbacks, report)
     for name, callback in callbacks.items():
         if name in sys.modules:
             callback(sys.modules[name])
     watcher = make_watcher(callbacks)
     sys.meta_path.insert(0, watcher)
-    return watcher
+    return watcher, unwatched
+
+
+def make_ledger(callbacks: dict[str, Callable], report: Callable[[str], None]) -> tuple[dict[str, Callable], Callable]:
+    """The callbacks, each noting the module object it patched, and unwatched(): the watched modules now loaded that
+    no callback patched (kernel.py put a finder of its own first on sys.meta_path, say), each reported, then
+    patched. A finder is not a wall: this check, in every fingerprint, is what keeps one from mattering."""
+    patched: set = set()
+    keep: list = []
+    modules, id_, sorted_, list_ = sys.modules, id, sorted, list
+    noted = {}
+    for name, callback in callbacks.items():
+        def note(module, _callback=callback, _patched=patched, _keep=keep, _id=id_):
+            _patched.add(_id(module))
+            _keep.append(module)  # ids stay unique while the module is kept
+            _callback(module)
+
+        noted[name] = note
+
+    def unwatched() -> list:
+        found = []
+        for name, note in list_(noted.items()):
+            module = modules.get(name)
+            if module is not None and id_(module) not in patched:
+                report("kernel.py loaded " + name + " around the judge's import hooks (a finder or loader of its own)")
+                found.append(name)
+                note(module)
+        return sorted_(found)
+
+    return noted, unwatched
 
 
 def make_watcher(callbacks: dict[str, Callable]) -> importlib.abc.MetaPathFinder:
@@ -46,7 +81,7 @@ def make_watcher(callbacks: dict[str, Callable]) -> importlib.abc.MetaPathFinder
         __slots__ = ()
 
         def find_spec(self, name, path, target=None, _callbacks=callbacks, _busy=set(),
-                      _find=importlib.util.find_spec):
+                      _find=importlib.util.find_spec, _hasattr=hasattr):
             if name not in _callbacks or name in _busy:
                 return None
             _busy.add(name)
@@ -54,7 +89,7 @@ def make_watcher(callbacks: dict[str, Callable]) -> importlib.abc.MetaPathFinder
                 spec = _find(name)
             finally:
                 _busy.discard(name)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            if spec is not None and spec.loader is not None and _hasattr(spec.loader, "exec_module"):
                 def exec_module(module, _original=spec.loader.exec_module, _callback=_callbacks[name]):
                     _original(module)
                     _callback(module)
@@ -90,7 +125,7 @@ def tvm_symbols(module) -> list[str]:
     return sorted(set(found))
 
 
-def make_entries(core: dict) -> dict:
+def make_entries(core: dict, check: Callable[[object, list], None]) -> dict:
     """The entry points over core (a dict of closures, as core is): built-in containers only, since a candidate
     can replace the attributes of any class it reaches; no global name is looked up inside (a test checks)."""
     modules, symbols_of_cute, symbols_of_tvm = sys.modules, cute_symbols, tvm_symbols
@@ -151,6 +186,7 @@ def make_entries(core: dict) -> dict:
 
     def tvm_register(result):
         symbols = symbols_of_tvm(result)
+        check(result, symbols)
         register(result, "tirx", None, "tirx:module", symbols)
         inner = getattr_(result, "mod", None)
         if inner is not None:

@@ -7,14 +7,22 @@ collector, so its functions are unreachable; their code looks up no global name 
 them), so replacing names in a module's dict later changes nothing here.
 
 A correctness draw's mode reaches the harness as the command's flag (wire.py) and the harness hands it to
-the core for the duration of solve() (core["draw"]); only the core's closures hold it then. Modes:
+the core for the duration of solve() (core["draw"]); only the core's closures hold it then. In every mode a
+genuine call runs the same way: its tensor arguments are copied, the call runs, and the arguments whose bits
+it changed (with, after the observed draw, those it changed when observed) are its outputs. Then:
 
-- OBSERVE (the first draw): run the call; report which tensor arguments it wrote, their scale, its time.
-- KNOCK_NAN, KNOCK_NOISE: skip the call, wait the time it took when observed, and overwrite what it wrote
-  then: with NaN (bitwise-not for integers), or with finite noise at the observed scale, which neither a
-  NaN check nor `0 * x` can tell from an answer.
-- NORMAL (after the observed draw): run the call, then do the knock-out's writes on scratch copies, so
-  that a call takes about as long either way.
+- OBSERVE (the first draw): report which tensor arguments the call wrote, their scale, its time.
+- KNOCK_NAN, KNOCK_NOISE: overwrite the call's outputs in place: with NaN (bitwise-not for integers), or with
+  finite noise at the scale they have just been written with, which neither a NaN check, `0 * x` nor a
+  range check can tell from an answer (and which no earlier call can steer).
+- NORMAL (after the observed draw): the same overwrites (NaN or noise, at random) on scratch copies, so that a
+  call runs the same code, and costs the same, either way.
+
+A knocked-out call has run, so nothing it does besides its outputs (a return value, a write outside the
+tensors it was given, a callback, the time it takes) tells it from a real one. Only where the knock-out
+cannot see into an argument (an object that is neither a tensor nor a plain number: CuTe DSL's own tensor
+wrappers, a stream) is a CuTe DSL call skipped instead: it then waits the time it took when observed and
+overwrites what it wrote then. TIRx calls always run: their buffers always arrive as DLPack tensors.
 
 Every genuine call of a draw is reported ("call" evidence) alike in every mode: the referee, which chose
 the mode, knows which draw was knocked out. Only plain torch tensors are observed or overwritten; a
@@ -43,8 +51,12 @@ def new_state(mode: int, plan) -> list:
     return [mode if mode in (1, 2, 3) else 0, plan if type(plan) is dict else {}, 0, 0]
 
 
-def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> dict:
+def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], probe: Callable[[], str]) -> dict:
     """The core (a dict of closures), reporting through emit and finding.
+
+    probe() describes the dispatcher (escape.make_dispatcher_probe): it must read as it did when core["arm"]() was
+    last called (by the harness, before kernel.py is imported) whenever the core writes a poison, or a Python
+    kernel on an operator would see the writes.
 
     The harness hands it each draw's state with core["draw"](state) before solve() and core["draw"](None)
     after: the state then lives only in a cell of these closures, which nothing the candidate reaches
@@ -73,6 +85,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
     type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
     dict_, list_, enumerate_, hasattr_, id_ = dict, list, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
+    plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
     registry: dict[int, tuple] = {}
     """id(genuine object) -> (dsl, callable, key, symbols); the objects themselves are kept alive in keep."""
     keep: list = []
@@ -81,6 +94,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
     """DSL calls and compiles under way, in or out of a draw (NVRTC and module loads inside them are the DSL's)."""
 
     current: list = [None]
+    dispatcher = [probe()]
+
+    def arm() -> None:
+        dispatcher[0] = probe()
 
     def draw(state) -> None:
         current[0] = state
@@ -169,14 +186,21 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
         while perf() < until:
             pass
 
-    def knock(tensors: dict, entry: dict, mode: int, scratch: bool) -> None:
-        """The knock-out's writes on the tensors the call wrote when observed (on copies when scratch)."""
+    def knock(tensors: dict, entry: dict, mode: int) -> None:
+        """A skipped call's writes: the tensors it wrote when observed, at the scale they had then."""
         seen = entry.get("stats") if type_(entry.get("stats")) is dict_ else {}
         for position in entry.get("args", ()):
             t = tensors.get(str_(position))
-            if t is None:
+            if t is not None:
+                overwrite(t, mode, seen.get(str_(position)))
+
+    def opaque(obj, args: tuple, kwargs: dict, tensors: dict) -> bool:
+        """Whether an argument is an object the knock-out cannot see into (not a tensor, not a plain value)."""
+        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in kwargs.items()]:
+            if value is obj or str_(position) in tensors or type_(value) in plain_types:
                 continue
-            overwrite(t_clone(t) if scratch else t, knock_noise if mode == normal else mode, seen.get(str_(position)))
+            return True
+        return False
 
     def run(call, args, kwargs):
         active[0] += 1
@@ -204,25 +228,35 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
         try:
             tensors = tensor_args(args, kwargs)
             mode, planned = state[i_mode], state[i_plan].get(key)
+            planned = planned if type_(planned) is dict_ else {}
+            knocked = mode == knock_nan or mode == knock_noise
             with no_grad():
+                if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
+                    pad(planned.get("s"))
+                    knock(tensors, planned, mode)
+                    emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
+                    return None
+                before = {p: t_clone(t) for p, t in tensors.items()}
+                started = perf()
+                result = run(call, args, kwargs)
+                took = perf() - started
+                written = [p for p, t in tensors.items() if not t_equal(bits(t), bits(before[p]))]
+                del before
+                outputs = written + [str_(p) for p in planned.get("args", ()) if str_(p) in tensors
+                                     and str_(p) not in written]
+                seen = {p: stats(tensors[p]) for p in outputs}
                 if mode == observe:
-                    before = {p: t_clone(t) for p, t in tensors.items()}
-                    started = perf()
-                    result = run(call, args, kwargs)
-                    took = perf() - started
-                    written = [p for p, t in tensors.items() if not t_equal(bits(t), bits(before[p]))]
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
-                          "stats": {p: stats(tensors[p]) for p in written}, "s": took})
+                          "stats": {p: seen[p] for p in written}, "s": took})
                     return result
-                if mode == knock_nan or mode == knock_noise:
-                    result = None
-                    if type_(planned) is dict_:
-                        pad(planned.get("s"))
-                        knock(tensors, planned, mode, scratch=False)
-                else:
-                    result = run(call, args, kwargs)
-                    if type_(planned) is dict_:
-                        knock(tensors, planned, normal, scratch=True)
+                if outputs and probe() != dispatcher[0]:
+                    finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
+                            "Python dispatcher): it would see the knock-out's writes")
+                    raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
+                for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
+                    scratch = t_clone(tensors[p])
+                    overwrite(tensors[p] if knocked else scratch,
+                              mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
             return result
         finally:
@@ -255,4 +289,4 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None]) -> d
         return active[0] > 0
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
-            "compile_scope": compile_scope, "inside": inside, "draw": draw}
+            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm}

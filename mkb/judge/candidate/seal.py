@@ -16,7 +16,8 @@ installed libraries (torch, the DSLs) are allowed, except library modules that a
 (TRANSPARENT: they hand out frames or build native code) and code made at run time, which are skipped
 like the standard library.
 Two standard-library paths read frames only to return text and stay allowed: traceback's formatting of
-an exception and logging's search for its caller. Nothing the hook does runs the candidate's code
+an exception (not with capture_locals, whose text is the repr of every local of every frame) and logging's
+search for its caller. Nothing the hook does runs the candidate's code
 (no attribute lookups or comparisons on its objects), so no event can slip past while it decides.
 """
 
@@ -46,8 +47,11 @@ PATH_EVENTS = ("open", "os.rename", "os.link", "os.symlink", "shutil.copyfile", 
 IMPORT_WORK = ("exec", "marshal.loads", "compile")
 """What the import machinery does on its own when the candidate imports a module."""
 FORBIDDEN_IMPORTS = frozenset({"ctypes", "_ctypes", "cffi", "gc", "inspect", "subprocess", "_posixsubprocess",
-                               "multiprocessing", "_multiprocessing", "pty", "signal", "_signal", "runpy"})
-"""Modules the candidate's own code may not import at run time (the static scan names them too)."""
+                               "multiprocessing", "_multiprocessing", "pty", "signal", "_signal", "runpy",
+                               "faulthandler", "tracemalloc", "_testcapi", "_testinternalcapi"})
+"""Modules the candidate's own code may not import at run time (the static scan names them too). An import of a
+module already loaded raises no audit event (torch loads gc, inspect, signal and ctypes): what guards those is
+the audit events of their use, and escape.patch_unaudited for the entry points that raise none."""
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".so", ".pth")
 PROC_RE = re.compile(r"^/proc/(self|thread-self|\d+)/(task/\d+/)?(mem|fd|fdinfo|map_files|environ)\b")
 TRANSPARENT = ("/torch/_jit_internal.py", "/torch/jit/", "/torch/_sources.py", "/torch/package/",
@@ -70,17 +74,28 @@ and enum name the module that defines a class; namedtuple and dataclasses genera
 _MODULE_OF = {type: type.__dict__["__module__"], types.FunctionType: types.FunctionType.__dict__["__module__"]}
 
 
-def plain(value) -> str | None:
-    """A str or bytes (subclasses too) as a plain str, without running any method the object defines."""
-    if issubclass(type(value), str):
-        return str.__str__(value)
-    if issubclass(type(value), bytes):
-        return os.fsdecode(bytes.__add__(b"", value))
-    return None
+def make_plain() -> Callable[[object], str | None]:
+    """plain(value): a str or bytes (subclasses too) as a plain str, without running any method the object
+    defines; None for anything else."""
+    type_, issubclass_, str_, bytes_ = type, issubclass, str, bytes
+    as_str, concat, fsdecode = str.__str__, bytes.__add__, os.fsdecode
+
+    def plain(value) -> str | None:
+        if issubclass_(type_(value), str_):
+            return as_str(value)
+        if issubclass_(type_(value), bytes_):
+            return fsdecode(concat(b"", value))
+        return None
+
+    return plain
 
 
 class Roots:
-    """Where code comes from: the harness, the kernel, installed libraries, the standard library."""
+    """Where code comes from: the harness, the kernel, installed libraries, the standard library.
+
+    kind(filename) and sensitive(event, args) are closures made here (classifier), so that what they decide
+    does not depend on any name kernel.py could rebind later.
+    """
 
     def __init__(self, harness_dir: str, kernel_dir: str):
         self.harness = os.path.realpath(harness_dir) + os.sep
@@ -91,49 +106,78 @@ class Roots:
         self.libraries = tuple(sorted({os.path.realpath(p) + os.sep for p in libs if p}))
         std = {paths["stdlib"], paths["platstdlib"], os.path.dirname(os.__file__)}
         self.stdlib = tuple(sorted({os.path.realpath(p) + os.sep for p in std if p}))
-        self._kinds: dict[str, str] = {}
+        self.kind, self.sensitive = classifier(self.harness, self.kernel, self.libraries, self.stdlib)
 
-    def kind(self, filename: str) -> str:
-        """harness, library, transparent, stdlib or candidate (a code object's co_filename is always a str)."""
-        found = self._kinds.get(filename)
-        if found is None:
-            found = self._kinds[filename] = self._classify(filename)
-        return found
 
-    def _classify(self, filename: str) -> str:
+def classifier(harness: str, kernel: str, libraries: tuple, stdlib: tuple) -> tuple[Callable, Callable]:
+    """kind(filename): harness, library, transparent, stdlib or candidate (a code object's co_filename is always a
+    str); sensitive(event, args): whether a path event touches /proc's view of the process, or a code file
+    outside the known roots."""
+    realpath, transparent, proc_re, suffixes, plain = os.path.realpath, TRANSPARENT, PROC_RE, CODE_SUFFIXES, make_plain()
+    inside = (harness, kernel, *libraries, *stdlib)
+    kinds: dict[str, str] = {}
+
+    def classify(filename: str) -> str:
         if filename.startswith("<frozen "):
             return "stdlib"
         if not (filename.startswith("/") and filename.endswith(".py")):
             # code made at run time (<string>, a C++ frame in a TVM traceback): the candidate cannot make code
             # (compile, exec and new code objects are refused to it), so whoever called it decides
             return "transparent"
-        path = os.path.realpath(filename)
-        if path.startswith(self.harness):
+        path = realpath(filename)
+        if path.startswith(harness):
             return "harness"
-        if path.startswith(self.kernel):
+        if path.startswith(kernel):
             return "candidate"
-        if path.startswith(self.libraries):
-            return "transparent" if any(part in path for part in TRANSPARENT) else "library"
-        if path.startswith(self.stdlib):
+        if path.startswith(libraries):
+            for part in transparent:
+                if part in path:
+                    return "transparent"
+            return "library"
+        if path.startswith(stdlib):
             return "stdlib"
         return "candidate"
 
-    def sensitive(self, event: str, args: tuple) -> bool:
-        """Whether a path event touches /proc's view of the process, or a code file outside the known roots."""
-        paths = [p for p in (plain(a) for a in args[:1 if event == "open" else 2]) if p is not None]
-        if event == "open" and paths and PROC_RE.match(paths[0]):
+    def kind(filename: str) -> str:
+        found = kinds.get(filename)
+        if found is None:
+            found = kinds[filename] = classify(filename)
+        return found
+
+    def sensitive(event: str, args: tuple) -> bool:
+        paths = []
+        for arg in args[:1 if event == "open" else 2]:
+            path = plain(arg)
+            if path is not None:
+                paths.append(path)
+        if event == "open" and paths and proc_re.match(paths[0]):
             return True
-        inside = (self.harness, self.kernel, *self.libraries, *self.stdlib)
-        return any(p.endswith(CODE_SUFFIXES) and not os.path.realpath(p).startswith(inside) for p in paths)
+        for path in paths:
+            if path.endswith(suffixes) and not realpath(path).startswith(inside):
+                return True
+        return False
+
+    return kind, sensitive
 
 
 def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "kernel") -> Callable[[], bool]:
     """Add the audit hook; report(text) is told of every refusal before PermissionError is raised.
 
-    Returns from_candidate(): whether the code that called its caller is the candidate's.
+    Returns from_candidate(): whether the code that called its caller is the candidate's. The hook and its helpers
+    are closures over what they use, taken now: they look up no global name (a test disassembles them), since
+    kernel.py can reach this module's dictionary (through __main__) and rebind anything in it.
     """
     busy: set[int] = set()
-    get_ident, getframe = threading.get_ident, sys._getframe
+    get_ident, getframe, kind, sensitive, plain = threading.get_ident, sys._getframe, roots.kind, roots.sensitive, \
+        make_plain()
+    guarded, path_events, import_work, forbidden, readers = GUARDED, PATH_EVENTS, IMPORT_WORK, FORBIDDEN_IMPORTS, READERS
+    source_loader, sourceless_loader, basename, realpath = SourceFileLoader, SourcelessFileLoader, os.path.basename, \
+        os.path.realpath
+    function_type, type_module, function_module = types.FunctionType, _MODULE_OF[type], _MODULE_OF[types.FunctionType]
+    type_, issubclass_, vars_, str_, Exception_, PermissionError_ = type, issubclass, vars, str, Exception, \
+        PermissionError
+    attribute_events = ("object.__getattr__", "object.__setattr__", "object.__delattr__")
+    verbs = {"object.__getattr__": "read", "object.__setattr__": "set", "object.__delattr__": "deleted"}
 
     def origin(frame) -> tuple[str, object]:
         """The kind of the innermost frame that is neither standard library nor transparent, and that frame;
@@ -141,55 +185,97 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
         importing = False
         while frame is not None:
             filename = frame.f_code.co_filename
-            kind = roots.kind(filename)
-            if kind in ("stdlib", "transparent"):
+            found = kind(filename)
+            if found == "stdlib" or found == "transparent":
                 importing = importing or filename.startswith("<frozen importlib")
                 frame = frame.f_back
                 continue
-            return ("import:" if importing else "") + kind, frame
+            return ("import:" if importing else "") + found, frame
         return "candidate", None  # only the standard library on the stack: a bare thread the candidate started
 
     def allowed_reader(event: str, frame) -> bool:
-        if frame is None or roots.kind(frame.f_code.co_filename) != "stdlib":
+        if frame is None or kind(frame.f_code.co_filename) != "stdlib":
             return False
         key = (event, frame.f_code.co_name)
-        if key not in READERS:
+        if key not in readers:
             return False
         above = frame.f_back
-        return READERS[key] is None or (above is not None and above.f_code.co_name == READERS[key]
-                                        and roots.kind(above.f_code.co_filename) == "stdlib")
+        for extractor in (frame, above):  # traceback's extractor returns text, unless it captures locals
+            if extractor is not None and extractor.f_code.co_name == "_extract_from_extended_frame_gen":
+                wants = extractor.f_locals.get("capture_locals")
+                if wants is not False and wants is not None:
+                    return False
+        return readers[key] is None or (above is not None and above.f_code.co_name == readers[key]
+                                        and kind(above.f_code.co_filename) == "stdlib")
 
     def own(obj) -> bool:
-        """A class or function of kernel.py (read through the type's own slot, never the object's lookup)."""
-        getter = _MODULE_OF.get(type(obj)) or (_MODULE_OF[type] if issubclass(type(obj), type) else None)
-        try:
-            module = getter.__get__(obj) if getter is not None else None
-        except Exception:  # a class without a module
+        """A class or function of kernel.py (read through the type's own slot, never the object's lookup; the type
+        is compared by identity, never hashed or compared with ==, which a metaclass could define)."""
+        cls = type_(obj)
+        if cls is function_type:
+            getter = function_module
+        elif cls is type_ or issubclass_(cls, type_):
+            getter = type_module
+        else:
             return False
-        return type(module) is str and module == kernel_module
+        try:
+            module = getter.__get__(obj)
+        except Exception_:  # a class without a module
+            return False
+        return type_(module) is str_ and module == kernel_module
+
+    def importer(frame) -> str:
+        """The kind of the frame whose import statement (or __import__ call) the import machinery is serving."""
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            frame = frame.f_back
+        return "candidate" if frame is None else kind(frame.f_code.co_filename)
+
+    def loading_library(frame) -> bool:
+        """Whether the import machinery on this stack is loading a file of a library with importlib's own loader.
+
+        A subclass of the loader could hand the machinery any source, so the loader's class must be exactly
+        importlib's, and its path a file of the harness, an installed library or the standard library.
+        """
+        while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
+            if frame.f_code.co_name in ("get_code", "exec_module"):
+                loader = frame.f_locals.get("self")
+                cls = type_(loader)
+                if cls is not source_loader and cls is not sourceless_loader:
+                    return False
+                path = plain(vars_(loader).get("path"))
+                return path is not None and kind(realpath(path)) in ("harness", "library", "transparent", "stdlib")
+            frame = frame.f_back
+        return False
+
+    def describe(event: str, args: tuple) -> str:
+        if event in attribute_events:
+            return f"{verbs[event]} the attribute {plain(args[1]) or '?'}"
+        if event in path_events:
+            return f"called {event}({plain(args[0]) or '?'!r})"
+        return f"called {event}"
 
     def refused(event: str, args: tuple) -> str | None:
-        if event in PATH_EVENTS and not roots.sensitive(event, args):
+        if event in path_events and not sensitive(event, args):
             return None
-        if event in ("object.__getattr__", "object.__setattr__", "object.__delattr__") and own(args[0]):
+        if event in attribute_events and own(args[0]):
             return None  # its own classes and functions
         frame = getframe(2)  # the frame that raised the event (0: this function, 1: the hook)
         if event in ("object.__getattr__", "object.__setattr__", "sys._getframe", "compile", "exec") \
                 and allowed_reader(event, frame):
             return None
-        kind, who = origin(frame)
-        if kind in ("harness", "library", "import:harness", "import:library"):
+        found, who = origin(frame)
+        if found in ("harness", "library", "import:harness", "import:library"):
             return None
         if event == "import":  # only the candidate's own import statements are checked (not a library's imports)
             top = (plain(args[0]) or "?").split(".")[0]
-            return f"imported {top}" if top in FORBIDDEN_IMPORTS and _importer(frame, roots) == "candidate" else None
-        if kind == "import:candidate" and event in IMPORT_WORK and _loading_library(frame, roots):
+            return f"imported {top}" if top in forbidden and importer(frame) == "candidate" else None
+        if found == "import:candidate" and event in import_work and loading_library(frame):
             return None
-        where = f" at {os.path.basename(who.f_code.co_filename)}:{who.f_lineno}" if who is not None else ""
-        return _describe(event, args) + where
+        where = f" at {basename(who.f_code.co_filename)}:{who.f_lineno}" if who is not None else ""
+        return describe(event, args) + where
 
     def hook(event: str, args: tuple) -> None:
-        if event not in GUARDED and not event.startswith("ctypes."):
+        if event not in guarded and not event.startswith("ctypes."):
             return
         tid = get_ident()
         if tid in busy:  # an event of the hook's own frame reads (nothing here runs the candidate's code)
@@ -201,45 +287,10 @@ def install(roots: Roots, report: Callable[[str], None], kernel_module: str = "k
             busy.discard(tid)
         if why is not None:
             report(f"kernel.py {why}: forbidden at run time (it reaches the grader's state or leaves the sandbox)")
-            raise PermissionError(f"kernel.py {why}: not allowed (grading integrity)")
+            raise PermissionError_(f"kernel.py {why}: not allowed (grading integrity)")
 
     def from_candidate() -> bool:
         return origin(getframe(2))[0] in ("candidate", "import:candidate")
 
     sys.addaudithook(hook)
     return from_candidate
-
-
-def _importer(frame, roots: Roots) -> str:
-    """The kind of the frame whose import statement (or __import__ call) the import machinery is serving."""
-    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        frame = frame.f_back
-    return "candidate" if frame is None else roots.kind(frame.f_code.co_filename)
-
-
-def _loading_library(frame, roots: Roots) -> bool:
-    """Whether the import machinery on this stack is loading a file of a library with importlib's own loader.
-
-    A subclass of the loader could hand the machinery any source, so the loader's class must be exactly
-    importlib's, and its path a file of the harness, an installed library or the standard library.
-    """
-    while frame is not None and frame.f_code.co_filename.startswith("<frozen importlib"):
-        if frame.f_code.co_name in ("get_code", "exec_module"):
-            loader = frame.f_locals.get("self")
-            cls = type(loader)
-            if cls is SourceFileLoader or cls is SourcelessFileLoader:
-                path = plain(vars(loader).get("path"))
-                return path is not None and roots.kind(os.path.realpath(path)) in ("harness", "library",
-                                                                                   "transparent", "stdlib")
-            return False
-        frame = frame.f_back
-    return False
-
-
-def _describe(event: str, args: tuple) -> str:
-    if event in ("object.__getattr__", "object.__setattr__", "object.__delattr__"):
-        verb = {"object.__getattr__": "read", "object.__setattr__": "set", "object.__delattr__": "deleted"}[event]
-        return f"{verb} the attribute {plain(args[1]) or '?'}"
-    if event in PATH_EVENTS:
-        return f"called {event}({plain(args[0]) or '?'!r})"
-    return f"called {event}"

@@ -273,14 +273,20 @@ def byte_view(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def file_share(directory: str, tag: str):
+def file_name(directory: str) -> str:
+    """A fresh file under directory, named at random: a shared file's name, like its size and place, must not
+    say what the referee shares it for (a graded draw, a knock-out, the repeat), since the candidate can list
+    the grading's /dev/shm and read /proc/self/maps."""
+    return os.path.join(directory, os.urandom(12).hex() + ".bin")
+
+
+def file_share(directory: str):
     """A share function writing each tensor's storage to a file under directory."""
-    counter = iter(range(1 << 30))
 
     def share(t: torch.Tensor, path: str) -> dict:
         t = t.detach()
         storage = t.untyped_storage()
-        name = os.path.join(directory, f"{tag}_{next(counter)}.bin")
+        name = file_name(directory)
         nbytes = max(storage.nbytes(), 1)
         mapped = torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
         if storage.nbytes():
@@ -291,12 +297,11 @@ def file_share(directory: str, tag: str):
     return share
 
 
-def file_slot(directory: str, tag: str):
+def file_slot(directory: str):
     """A share function making an empty, contiguous output slot file shaped like each tensor."""
-    counter = iter(range(1 << 30))
 
     def share(t: torch.Tensor, path: str) -> dict:
-        name = os.path.join(directory, f"{tag}_{next(counter)}.bin")
+        name = file_name(directory)
         nbytes = max(t.numel() * t.element_size(), 1)
         torch.from_file(name, shared=True, size=nbytes, dtype=torch.uint8)
         return {"file": name, "nbytes": nbytes, "dtype": dtype_name(t.dtype), "shape": list(t.shape),

@@ -44,8 +44,8 @@ def graded(referee, d: int, draw: Prepared, flag: int, plan: dict, digests: tupl
     """Graded draw d: solve, read, compare, guard; raises Failure when it errs. What the repeat needs (First, of
     draw 0) and why the answer was wrong (None when it was right)."""
     with referee.step("solve", each="solve_step_s"):
-        shared = referee.transport.share(draw.inputs, f"d{d}")
-        slots = referee.transport.slots(draw.ref[0], f"s{d}")
+        shared = referee.transport.share(draw.inputs)
+        slots = referee.transport.slots(draw.ref[0])
         reply, index = referee.solve(shared.tree, slots.tree, flag, plan)
     with referee.step("read outputs"):
         returned = judge_reply(referee, reply, draw.ref[0], slots, d)

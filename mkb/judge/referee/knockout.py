@@ -43,8 +43,8 @@ def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
 def knocked_out(referee, poison: str, plan: dict) -> dict:
     """One knocked-out draw on fresh inputs; what it showed (the record's details.knockout[poison])."""
     prepared = referee.prepare_draw(graded=False)
-    shared = referee.transport.share(prepared.inputs, f"k{poison}")
-    slots = referee.transport.slots(prepared.ref[0], f"k{poison}s")
+    shared = referee.transport.share(prepared.inputs)
+    slots = referee.transport.slots(prepared.ref[0])
     reply, index = referee.solve(shared.tree, slots.tree, POISONS[poison], plan)
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
@@ -52,14 +52,27 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
-        out = (referee.transport.read(slots, referee.place), draws.updated(referee, draws.after(referee, shared)))
+        left = draws.after(referee, shared)
+        out = (referee.transport.read(slots, referee.place), draws.updated(referee, left))
         draw = checks.compare_draw(prepared.seed, out, prepared.ref, prepared.anchor, referee.factor,
                                    referee.positions)
         result.update(incorrect=not draw.ok,
                       how=checks.first_failure(draw, 0).removeprefix("draw 1: ") if not draw.ok else "correct")
+        _graded_work(referee, reply, out, prepared, left)
     referee.transport.give_back(shared, slots)
     result["evidence"] = bool(result["incorrect"] and calls >= 1)
     return result
+
+
+def _graded_work(referee, reply: dict, out, prepared, left) -> None:
+    """What judging a graded draw does after its comparison (the digests, the input guard), done and dropped:
+    the time before the next command must not tell the candidate that the draw it just ran was a knock-out."""
+    checks.digest(out)
+    checks.digest(prepared.ref)
+    try:
+        draws.guard_inputs(referee, reply, left, prepared.inputs, 0)
+    except Failure:  # a knocked-out draw is judged on its answer only
+        pass
 
 
 def _failed_outright(reply: dict, ref, referee) -> str | None:
@@ -76,8 +89,8 @@ def repeat(referee, first, plan: dict) -> dict:
     """The first draw's inputs once more (copied in again from the referee's host copy, in-place inputs as drawn),
     not knocked out: its answer must still be correct. first is draws.First of draw 0."""
     inputs = tree_map(first.inputs, lambda t: t.to(referee.device))
-    shared = referee.transport.share(inputs, "rep")
-    slots = referee.transport.slots(first.out[0], "reps")
+    shared = referee.transport.share(inputs)
+    slots = referee.transport.slots(first.out[0])
     reply, index = referee.solve(shared.tree, slots.tree, knock.NORMAL, plan)
     returned = draws.judge_reply(referee, reply, first.ref[0], slots, 0)
     after = draws.after(referee, shared)

@@ -28,13 +28,13 @@ def send(channel: wire.Channel, transport: Transport, device: str, kept: list) -
     if device == "cuda":
         with transport.shared.allocating():
             probe = torch.arange(N, dtype=torch.float32, device="cuda")
-        slots = transport.slots(torch.zeros(2, dtype=torch.int32), "preflight")  # never given back: signal slots
+        slots = transport.slots(torch.zeros(2, dtype=torch.int32))  # never given back: signal slots
         ours, theirs = wire.Signal(slots.tensors[0:1]), wire.Signal(slots.tensors[1:2])
         ours.record()
         kept.append(probe)
         channel.send({"cmd": "preflight", "tensor": wire.encode(probe, wire.ipc_share), "signals": slots.tree})
         return theirs
-    channel.send({"cmd": "preflight", "tensor": transport.share(torch.arange(N, dtype=torch.float32), "probe").tree})
+    channel.send({"cmd": "preflight", "tensor": transport.share(torch.arange(N, dtype=torch.float32)).tree})
     return None
 
 

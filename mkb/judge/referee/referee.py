@@ -219,7 +219,7 @@ class Referee:
         """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
         self.phase = "profile"
         draw = self.prepare_draw(graded=False)
-        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(draw.inputs, "prof").tree, "calls": 3,
+        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(draw.inputs).tree, "calls": 3,
                           "restore": [i for i, _ in self.positions]})
         evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
         self.details["dsl_share"] = evidence.share.get("share")

@@ -96,7 +96,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode, timed_eager = referee.spec["timing"], referee.spec.get("eager", "time") == "time"
     # the pool (its size fixed with the judge's memory need) and, left in the referee's cache, the memory of one
     # refill: claimed before the kernel's first timed call, and kept (no cache release while the kernel is timed)
-    pool = timing.Pool(make=referee.inputs, lend=lambda inputs: referee.transport.share(inputs, "pool"),
+    pool = timing.Pool(make=referee.inputs, lend=lambda inputs: referee.transport.share(inputs),
                        size=referee.pool_sets)
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
@@ -141,7 +141,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
 
 def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list]:
     """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking."""
-    c_slots = referee.transport.slots(referee.like, "tc")
+    c_slots = referee.transport.slots(referee.like)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 
@@ -161,7 +161,7 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
     calls and profile; all in the trusted eager process, after the candidate's processes have ended."""
     eager = _eager(referee, load=timed)
     try:
-        e_slots = referee.transport.slots(referee.like, "te")
+        e_slots = referee.transport.slots(referee.like)
         e_bracket = timing.Bracket(eager, pool, e_slots.tree, cpu=timed_cpu)
         null = timing.null_figures(timing.run_calls(e_bracket, pool, null="kernel", warmup=5, timed=NULL_CALLS))
         null["no_kernel"] = timing.null_figures(timing.run_calls(e_bracket, pool, null=True, warmup=2,

@@ -139,18 +139,18 @@ class Transport:
             self.described[storage.data_ptr()] = wire.ipc_storage(storage)
         return wire.ipc_leaf(self.described[storage.data_ptr()], t)
 
-    def share(self, obj: Any, tag: str) -> Shared:
+    def share(self, obj: Any) -> Shared:
         """Copies of obj's tensors for a harness to map (obj is the referee's private draw, never shared itself)."""
         if self.device == "cpu":
-            return Shared(wire.encode(obj, wire.file_share(self.workdir, tag)))
+            return Shared(wire.encode(obj, wire.file_share(self.workdir)))
         tensors, storages = copy_in(obj, self.arena)
         torch.cuda.synchronize()  # the harness maps them with no IPC event (wire.ipc_storage)
         return Shared(wire.encode(tensors, self._leaf), tensors, storages)
 
-    def slots(self, like: Any, tag: str) -> Shared:
+    def slots(self, like: Any) -> Shared:
         """Zeroed, contiguous output slots shaped like `like`'s tensors, for the candidate to copy its outputs into."""
         if self.device == "cpu":
-            return Shared(wire.encode(like, wire.file_slot(self.workdir, tag)))
+            return Shared(wire.encode(like, wire.file_slot(self.workdir)))
         storages = []
 
         def slot(t: torch.Tensor) -> torch.Tensor:
