@@ -96,8 +96,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     mode, timed_eager = referee.spec["timing"], referee.spec.get("eager", "time") == "time"
     # the pool (its size fixed with the judge's memory need) and, left in the referee's cache, the memory of one
     # refill: claimed before the kernel's first timed call, and kept (no cache release while the kernel is timed)
-    pool = timing.Pool(make=referee.inputs, lend=lambda inputs: referee.transport.share(inputs),
-                       size=referee.pool_sets)
+    pool = timing.Pool(make=referee.inputs, lend=referee.transport.share, size=referee.pool_sets)
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
     referee.phase = "timing: kernel"
@@ -178,9 +177,8 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
         eager.send({"cmd": "finish"})
     except (wire.WireError, timing.TimingError) as exc:
         if "OutOfMemoryError" in str(exc) and referee.budget is not None:  # the trusted eager process's own text
-            kernel, message = memory.blame(referee.budget, memory.read(), not referee.candidate_ended,
-                                           "the eager reference")
-            raise (Failure(Status.CRASHED, message) if kernel else JudgeFault(message)) from None
+            status, message, _ = memory.outcome(referee.budget, exc, not referee.candidate_ended, "the eager reference")
+            raise (Failure(status, message) if status == Status.CRASHED else JudgeFault(message)) from None
         raise Failure(Status.INFRA_ERROR, f"timing the eager reference failed: {exc}") from None
     return null, runs, profile
 
