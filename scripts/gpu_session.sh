@@ -10,7 +10,9 @@
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
 #   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice; SOL_PENDING=1
-#              adds problems/solutions/pending/, not yet graded on a GPU) -> h200.json
+#              adds problems/solutions/pending/, not yet graded on a GPU) -> <gpu>.json (h200.json on the
+#              H200, h100.json on an H100: the GPU names the records file)
+#   ceilings   the GPU's speed-of-light ceilings (copy bandwidth, bf16/fp32 GEMM) -> ceilings_<gpu>.json
 #   judge      pytest -m gpu tests/test_judge_gpu.py: valid kernels at full scale (paper, flushed), CPU hack
 #              fixtures graded on the GPU                             -> judge_records.json (JUDGE_ONLY=pytest -k expression)
 #   share      the DSL share (issue #24): the partial-DSL and GEMM-epilogue fixtures and the fused ones under both
@@ -66,6 +68,10 @@ if ! bwrap --unshare-net --unshare-pid --ro-bind / / --proc /proc --dev /dev tru
   export MKB_UNSAFE_SANDBOX=${MKB_UNSAFE_SANDBOX:-1}
   log "bubblewrap cannot run here: the oracle's attempts run unisolated (MKB_UNSAFE_SANDBOX=$MKB_UNSAFE_SANDBOX)"
 fi
+# The GPU's key names the solutions' records file (h200, h100): validate_solutions.gpu_key.
+GPU=$($PY -c 'import sys, torch; sys.path.insert(0, "artifact/generators"); from validate_solutions import gpu_key
+print(gpu_key(torch.cuda.get_device_name()) if torch.cuda.is_available() else "cpu")' 2>/dev/null || echo cpu)
+log "GPU key: $GPU"
 for stage in "$@"; do
   log "stage $stage"
   case $stage in
@@ -73,8 +79,9 @@ for stage in "$@"; do
         $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
-    solutions) [ -f "$OUT/h200.json" ] || cp problems/solutions/h200.json "$OUT/h200.json"   # --merge keeps the others
-        $PY artifact/generators/validate_solutions.py --out "$OUT/h200.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
+    solutions) [ -f "$OUT/$GPU.json" ] || [ ! -f "problems/solutions/$GPU.json" ] \
+          || cp "problems/solutions/$GPU.json" "$OUT/$GPU.json"   # --merge keeps the others
+        $PY artifact/generators/validate_solutions.py --out "$OUT/$GPU.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
           ${SOL_DSL:+--dsl "$SOL_DSL"} ${SOL_PENDING:+--pending} \
           2>&1 | tail -40 | tee -a "$OUT/session.log" ;;
     judge) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" ${JUDGE_ONLY:+-k "$JUDGE_ONLY"} \
@@ -122,6 +129,7 @@ for stage in "$@"; do
     docs) $PY -m pytest -q -m gpu tests/test_docs.py --gpu-records "$OUT" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     gpu-tests) $PY -m pytest -q -m gpu --gpu-records "$OUT" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 \
           | tee -a "$OUT/session.log" ;;
+    ceilings) $PY artifact/generators/measure_ceilings.py "$OUT/ceilings_$GPU.json" 2>&1 | tee -a "$OUT/session.log" ;;
     sandbox) $PY scripts/gpu_sandbox_check.py "$OUT/sandbox_check.json" 2>&1 | tail -60 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac

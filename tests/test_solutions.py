@@ -25,7 +25,7 @@ from mkb.records import Dsl
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTIONS = ROOT / "problems" / "solutions"
 sys.path.insert(0, str(ROOT / "artifact" / "generators"))
-from validate_solutions import shipped  # noqa: E402  (the GPU grading's own list)
+from validate_solutions import CEILINGS_BY_GPU, gpu_key, gradings, rescore, shipped  # noqa: E402  (the GPU grading's own)
 
 # Keyed by (problem, dsl, where): a pending replacement of a shipped solution (same name) is its own case.
 PATHS = {(p.stem, dsl, where.name): p for dsl in ("cutedsl", "tirx") for where in (SOLUTIONS, SOLUTIONS / "pending")
@@ -67,13 +67,31 @@ def test_every_solved_problem_has_both_dsls_and_is_graded_on_the_gpu():
         _problem_file(pid)
 
 
-def test_every_shipped_variant_has_a_passing_h200_grading_of_its_own_file():
-    records = {(r["problem"], r["dsl"]): r for r in json.loads((SOLUTIONS / "h200.json").read_text())}
+def test_every_shipped_variant_has_a_passing_gpu_grading_of_its_own_file():
+    by_gpu = gradings()
+    assert "h200" in by_gpu
     for pid, dsl in SHIPPED:
-        record = records.get((pid, dsl))
-        assert record is not None, f"{pid} {dsl}: shipped without an H200 grading"
-        assert record["status"] == "passed" and record["dsl_check"] == "passed", (pid, dsl, record["status"])
-        assert record["kernel_file"] == f"problems/solutions/{dsl}/{pid}.py"
+        records = [r for rows in by_gpu.values() for r in rows if (r["problem"], r["dsl"]) == (pid, dsl)]
+        assert records, f"{pid} {dsl}: shipped without a GPU grading"
+        for record in records:   # every GPU's latest grading of a shipped file passed, of that very file
+            assert record["status"] == "passed" and record["dsl_check"] == "passed", (pid, dsl, record["device"])
+            assert record["kernel_file"] == f"problems/solutions/{dsl}/{pid}.py"
+    for key, rows in by_gpu.items():   # each records file holds one GPU's gradings, named after it
+        assert {gpu_key(r["device"]) for r in rows} == {key}
+
+
+def test_a_gpu_is_keyed_by_its_model_and_its_sol_fields_follow_its_ceilings():
+    assert gpu_key("NVIDIA H200") == "h200" and gpu_key("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_key("NVIDIA H100-SXM5-80GB") == "h100"
+    with pytest.raises(ValueError):
+        gpu_key("NVIDIA")
+
+    class Info:
+        dtype, sol_flops, sol_bytes = "bf16", 790e9, 4.3e9   # 1 ms of flops on the H200, 1 ms of bytes
+    rows = rescore([{"problem": "p99", "kernel_ms": 2.0}], {"p99": Info()}, CEILINGS_BY_GPU["h200"])
+    assert rows[0]["sol_ms"] == pytest.approx(1.0) and rows[0]["sol_fraction"] == pytest.approx(0.5)
+    rows = rescore(rows, {"p99": Info()}, None)   # a GPU not measured yet: no SOL figures, not a guess
+    assert rows[0]["sol_ms"] is None and rows[0]["sol_fraction"] is None
 
 
 def test_docs_solutions_is_what_the_generator_renders_from_the_records(tmp_path):
@@ -122,3 +140,22 @@ def test_the_solution_builds_for_sm90a_from_smoke_inputs(pid, dsl, where, tmp_pa
             done = subprocess.run([nvcc, "-arch=sm_90a", "-cubin", "-use_fast_math", "-w", "-o",
                                    str(tmp_path / f"k{i}.cubin"), str(cu)], capture_output=True, text=True)
             assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_promotion_moves_a_new_problem_up_only_with_both_dsls_and_a_replacement_alone():
+    from promote_solutions import plan
+
+    def rec(pid, dsl, status="passed", where="pending"):
+        folder = "problems/solutions/pending" if where == "pending" else "problems/solutions"
+        return {"problem": pid, "dsl": dsl, "status": status, "dsl_check": "passed", "device": "NVIDIA H100",
+                "kernel_file": f"{folder}/{dsl}/{pid}.py", "message": ""}
+
+    new = next(f"p{i:02d}" for i in range(1, 75) if (f"p{i:02d}", "cutedsl") not in SHIPPED)   # shipped in no DSL
+    keep, stay = plan([rec(new, "cutedsl"), rec(new, "tirx")])
+    assert [r["kernel_file"] for r in keep] == [f"problems/solutions/cutedsl/{new}.py", f"problems/solutions/tirx/{new}.py"]
+    keep, stay = plan([rec(new, "cutedsl"), rec(new, "tirx", status="failed")])
+    assert keep == [] and len(stay) == 2 and "its tirx variant did not pass" in stay[0]
+    shipped_pid, dsl = SHIPPED[0]   # a replacement of a shipped file moves up alone
+    keep, stay = plan([rec(shipped_pid, dsl), rec("p28", "cutedsl", where="solutions")])
+    assert [r["kernel_file"] for r in keep] == [f"problems/solutions/{dsl}/{shipped_pid}.py",
+                                                "problems/solutions/cutedsl/p28.py"] and stay == []

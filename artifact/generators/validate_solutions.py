@@ -3,14 +3,17 @@
 
 For each problems/solutions/<dsl>/pNN.py this calls ``mkb.judge.grade(problem_info, kernel_path, dsl,
 device=..., timing=...)`` -- the same entry point as ``mkb verify`` and the agent's submit tool -- and
-writes a JSON list of judge records to problems/solutions/h200.json (or --out).  Each record is the
+writes a JSON list of judge records to problems/solutions/<gpu>.json (``h200.json`` on the H200, ``h100.json``
+on an H100: the GPU it ran on names the file; or --out).  Each record is the
 JudgeRecord (status, message, draws, kernel_ms, eager_ms, speedup, dsl_check, details) plus:
 
   problem, dsl, status, speedup, kernel_ms, eager_ms   (as the judge returned them)
   sol_ms        the speed-of-light time of the problem's SOL flops/bytes on the ceilings below
   sol_fraction  sol_ms / kernel_ms (1.0 = at the roofline bound)
-  ceilings      the ceilings used (H200: HBM ~4.3 TB/s measured copy bandwidth; dense tensor-core
-                ~790 TFLOP/s bf16/fp16, ~1580 TFLOP/s fp8; ~60 TFLOP/s fp32 CUDA cores)
+  ceilings      the ceilings of the GPU it ran on (CEILINGS below; H200: HBM ~4.3 TB/s measured copy
+                bandwidth; dense tensor-core ~790 TFLOP/s bf16/fp16, ~1580 TFLOP/s fp8; ~60 TFLOP/s fp32
+                CUDA cores); a GPU with no measured ceilings records sol_ms and sol_fraction as null until
+                artifact/generators/measure_ceilings.py has measured it and ``--rescore`` recomputes them
   device, versions, graded_at
 
 A device call is limited to 10 minutes, so grade in slices and merge:
@@ -33,20 +36,52 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SOLUTIONS = ROOT / "problems" / "solutions"
-DEFAULT_OUT = SOLUTIONS / "h200.json"
-CEILINGS = {
-    "hbm_bytes_per_s": 4.3e12,
-    "flops_per_s": {"bf16": 790e12, "fp16": 790e12, "fp8": 1580e12, "fp32": 60e12, "uint8": 790e12,
-                    "int8": 1580e12},
-    "note": "H200 SXM: HBM copy bandwidth and dense bf16 tensor-core rate as measured on the lent H200 "
-            "(~4.3 TB/s, ~790 TFLOP/s); fp8 = 2x bf16; fp32 = CUDA-core FMA rate. SOL time = "
-            "max(flops / rate(problem DTYPE), bytes / bandwidth).",
+CEILINGS_BY_GPU = {
+    "h200": {
+        "hbm_bytes_per_s": 4.3e12,
+        "flops_per_s": {"bf16": 790e12, "fp16": 790e12, "fp8": 1580e12, "fp32": 60e12, "uint8": 790e12,
+                        "int8": 1580e12},
+        "note": "H200 SXM: HBM copy bandwidth and dense bf16 tensor-core rate as measured on the lent H200 "
+                "(~4.3 TB/s, ~790 TFLOP/s); fp8 = 2x bf16; fp32 = CUDA-core FMA rate. SOL time = "
+                "max(flops / rate(problem DTYPE), bytes / bandwidth).",
+    },
 }
+"""Speed-of-light ceilings per GPU (the records file's name), each measured on that GPU; a GPU missing here has
+no SOL figures until measured (artifact/generators/measure_ceilings.py writes the numbers to put here)."""
+CEILINGS = CEILINGS_BY_GPU["h200"]
 
 
-def sol_ms(info, ceilings=CEILINGS) -> float:
+def gpu_key(name: str) -> str:
+    """The records file's key for a GPU name: 'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    for word in name.lower().replace("-", " ").split():
+        if word != "nvidia" and word[0].isalpha() and any(c.isdigit() for c in word):
+            return word
+    raise ValueError(f"cannot name a records file after the GPU {name!r}: pass --out")
+
+
+def sol_ms(info, ceilings=CEILINGS) -> float | None:
+    if ceilings is None:
+        return None
     rate = ceilings["flops_per_s"].get(info.dtype, ceilings["flops_per_s"]["bf16"])
     return max(info.sol_flops / rate, info.sol_bytes / ceilings["hbm_bytes_per_s"]) * 1e3
+
+
+def gradings() -> dict[str, list[dict]]:
+    """Every GPU's records of the shipped solutions: {'h200': [...], 'h100': [...]} from problems/solutions/<gpu>.json."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted(SOLUTIONS.glob("*.json"))
+            if "_" not in path.stem}   # not h200_strict.json (another policy) nor h200_standalone_check.json
+
+
+def rescore(records: list[dict], infos: dict, ceilings: dict | None) -> list[dict]:
+    """The SOL fields of records recomputed from ceilings (after a GPU's ceilings were measured)."""
+    for row in records:
+        info = infos.get(row["problem"])
+        if info is None:
+            continue
+        sol = sol_ms(info, ceilings)
+        row.update(sol_ms=sol, ceilings=ceilings,
+                   sol_fraction=(sol / row["kernel_ms"]) if sol is not None and row.get("kernel_ms") else None)
+    return records
 
 
 def markdown_table(records: list[dict]) -> str:
@@ -90,18 +125,24 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=None, help="judge timeout per variant (s)")
     ap.add_argument("--dsl-policy", default="paper", choices=("paper", "strict"),
                     help="DSL-use policy to grade under (strict also requires the DSL share, issue #24)")
-    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    ap.add_argument("--out", default=None, help="records file (default problems/solutions/<gpu>.json, e.g. h200.json)")
     ap.add_argument("--merge", action="store_true", help="replace matching records in --out, keep the others")
     ap.add_argument("--pending", action="store_true",
                     help="also grade problems/solutions/pending/ (written, not yet graded on a GPU)")
     ap.add_argument("--dry-run", action="store_true")
     ap.add_argument("--table", action="store_true", help="print a markdown table of --out and exit")
+    ap.add_argument("--rescore", metavar="GPU",
+                    help="recompute the SOL fields of --out from CEILINGS_BY_GPU[GPU] (e.g. h100) and exit")
     args = ap.parse_args()
-    if args.table:
-        print(markdown_table(json.loads(Path(args.out).read_text())))
-        return 0
+    if args.table or args.rescore:
+        if args.out is None:
+            print("name the records file: --out problems/solutions/h200.json", file=sys.stderr)
+            return 2
+        if args.table:
+            print(markdown_table(json.loads(Path(args.out).read_text())))
+            return 0
 
-    from mkb.problems import load_catalog, problem_files, parse_problem  # noqa: F401
+    from mkb.problems import problem_files, parse_problem
 
     todo = shipped([p for p in args.problems.split(",") if p] or None, args.dsl.split(","), args.pending)
     infos = {}
@@ -112,6 +153,15 @@ def main() -> int:
             print(f"skip {f.name}: {exc}", file=sys.stderr)
             continue
         infos[info.id] = info
+    if args.rescore:
+        if args.rescore not in CEILINGS_BY_GPU:
+            print(f"no ceilings for {args.rescore}: measure them (measure_ceilings.py) and add them to CEILINGS_BY_GPU",
+                  file=sys.stderr)
+            return 2
+        out_path = Path(args.out)
+        out_path.write_text(json.dumps(rescore(json.loads(out_path.read_text()), infos,
+                                               CEILINGS_BY_GPU[args.rescore]), indent=1) + "\n")
+        return 0
     if args.dry_run:
         for pid, dsl, path in todo:
             print(pid, dsl, path.relative_to(ROOT), "OK" if pid in infos else "NO PROBLEM FILE")
@@ -123,7 +173,9 @@ def main() -> int:
 
     settings = load_settings(dsl_policy=args.dsl_policy)
     env = describe(with_gpu=True)  # where the gradings ran: host, versions, GPUs, CUDA, driver
-    out_path = Path(args.out)
+    gpu = env["gpus"][0]["name"] if env["gpus"] else None
+    out_path = Path(args.out) if args.out else SOLUTIONS / f"{gpu_key(gpu) if gpu else 'cpu'}.json"
+    ceilings = CEILINGS_BY_GPU.get(gpu_key(gpu)) if gpu else None
     records = json.loads(out_path.read_text()) if (args.merge and out_path.exists()) else []
     failures = 0
     for pid, dsl, path in todo:
@@ -139,12 +191,11 @@ def main() -> int:
         row["log_tail"] = row.get("log_tail", "")[-2000:]
         row.update(problem=pid, dsl=dsl, status=str(rec.status), speedup=rec.speedup, kernel_ms=rec.kernel_ms,
                    dsl_policy=args.dsl_policy, dsl_share=rec.details.get("dsl_share"),
-                   eager_ms=rec.eager_ms, sol_ms=sol_ms(info), problem_dtype=info.dtype,
-                   sol_flops=info.sol_flops, sol_bytes=info.sol_bytes,
-                   sol_fraction=(sol_ms(info) / rec.kernel_ms) if rec.kernel_ms else None,
-                   ceilings=CEILINGS, device=env["gpus"][0]["name"] if env["gpus"] else rec.device,
+                   eager_ms=rec.eager_ms, problem_dtype=info.dtype, sol_flops=info.sol_flops,
+                   sol_bytes=info.sol_bytes, device=gpu or rec.device,
                    versions=env, graded_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                    kernel_file=str(path.relative_to(ROOT)))
+        rescore([row], infos, ceilings)
         records = [r for r in records if not (r.get("problem") == pid and r.get("dsl") == dsl)] + [row]
         records.sort(key=lambda r: (r.get("problem", ""), r.get("dsl", "")))
         out_path.write_text(json.dumps(records, indent=1) + "\n")        # after every variant: nothing is lost
@@ -152,7 +203,7 @@ def main() -> int:
         line = f"{pid:4s} {dsl:8s}{where} {row['status']:16s} {time.time() - t0:6.1f}s"
         if rec.speedup is not None:
             line += (f"  kernel {rec.kernel_ms:.4f} ms  eager {rec.eager_ms:.3f} ms  x{rec.speedup:.2f}"
-                     f"  SOL {row['sol_fraction']:.2f}  dsl_check {rec.dsl_check}")
+                     f"  SOL {row['sol_fraction'] or 0:.2f}  dsl_check {rec.dsl_check}")
         if rec.details.get("dsl_share") is not None:
             line += f"  DSL share {rec.details['dsl_share']:.1%}"
         if rec.message:
