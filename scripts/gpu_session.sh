@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# One GPU session on the lent H200: run the named stages, write every record under $OUT.
+# One GPU session on the lent H200 (or an H100): run the named stages, write every record under $OUT. Every file
+# named after the GPU below (h200.json, mkb-h200.duckdb, eager_h200.json, ...) takes the GPU's key instead of
+# "h200" on another GPU (h100.json, mkb-h100.duckdb, ...): records of two GPUs never mix.
 # Run from the repository root on the device machine, after the toolchains are installed:
 #   bash scripts/gpu_session.sh qa solutions judge bench reference docs gpu-tests
 # Stages that need more than one device call's 10 minutes run as one detached job (scripts/gpu_job.sh):
@@ -59,8 +61,8 @@ command -v bwrap >/dev/null && log "judge sandbox: $(bwrap --version)" \
 # The oracle stages resume: $OUT's database if a stage made one, else the shipped one (unless REF_FRESH=1);
 # finished trials in it are reused.
 resume_db() {
-  [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-h200.duckdb" ] || [ ! -f artifact/results/mkb-h200.duckdb ] \
-    || cp artifact/results/mkb-h200.duckdb "$OUT/mkb-h200.duckdb"
+  [ -n "${REF_FRESH:-}" ] || [ -f "$OUT/mkb-$GPU.duckdb" ] || [ ! -f artifact/results/mkb-$GPU.duckdb ] \
+    || cp artifact/results/mkb-$GPU.duckdb "$OUT/mkb-$GPU.duckdb"
 }
 # The oracle stages (reference, reproduce, ray) run no agent commands: where bubblewrap cannot sandbox attempts
 # on this machine, they may run unisolated (mkb refuses that unless MKB_UNSAFE_SANDBOX is set).
@@ -75,10 +77,10 @@ log "GPU key: $GPU"
 for stage in "$@"; do
   log "stage $stage"
   case $stage in
-    qa) cp problems/eager_h200.json "$OUT/eager_h200.json"   # rows of problems outside this slice are kept
+    qa) [ ! -f "problems/eager_$GPU.json" ] || cp "problems/eager_$GPU.json" "$OUT/eager_$GPU.json"   # other rows kept
         $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
-        $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
+        $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_$GPU.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) [ -f "$OUT/$GPU.json" ] || [ ! -f "problems/solutions/$GPU.json" ] \
           || cp "problems/solutions/$GPU.json" "$OUT/$GPU.json"   # --merge keeps the others
         $PY artifact/generators/validate_solutions.py --out "$OUT/$GPU.json" ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} \
@@ -89,9 +91,9 @@ for stage in "$@"; do
     share) $PY -m pytest -q -m gpu tests/test_judge_gpu.py --gpu-records "$OUT" -k dsl_share \
           2>&1 | tail -20 | tee -a "$OUT/session.log"
         if [ "${SHARE_SOLUTIONS:-0}" = 1 ]; then
-          [ -f "$OUT/h200_strict.json" ] || [ ! -f problems/solutions/h200_strict.json ] \
-            || cp problems/solutions/h200_strict.json "$OUT/h200_strict.json"
-          $PY artifact/generators/validate_solutions.py --dsl-policy strict --out "$OUT/h200_strict.json" \
+          [ -f "$OUT/${GPU}_strict.json" ] || [ ! -f problems/solutions/${GPU}_strict.json ] \
+            || cp problems/solutions/${GPU}_strict.json "$OUT/${GPU}_strict.json"
+          $PY artifact/generators/validate_solutions.py --dsl-policy strict --out "$OUT/${GPU}_strict.json" \
             ${SOL_PROBLEMS:+--problems "$SOL_PROBLEMS" --merge} ${SOL_DSL:+--dsl "$SOL_DSL"} \
             2>&1 | tail -30 | tee -a "$OUT/session.log"
         fi ;;
@@ -103,27 +105,27 @@ for stage in "$@"; do
           log "bench $case exit $?"
         done ;;
     calibrate) resume_db
-        $PY -m mkb --db "$OUT/mkb-h200.duckdb" calibrate ${CAL_VARIANTS:-p25:cutedsl p19:tirx p28:cutedsl p01:tirx} \
+        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" calibrate ${CAL_VARIANTS:-p25:cutedsl p19:tirx p28:cutedsl p01:tirx} \
           --repeats "${CAL_REPEATS:-3}" ${CAL_PROCESSES:+--processes "$CAL_PROCESSES"} --json \
-          > "$OUT/calibrate_h200.json" 2>> "$OUT/session.log"
+          > "$OUT/calibrate_$GPU.json" 2>> "$OUT/session.log"
         log "calibrate exit $?" ;;
     regrade) resume_db
-        $PY -m mkb --db "$OUT/mkb-h200.duckdb" regrade --models reference ${REGRADE_PROBLEMS:+--problems "$REGRADE_PROBLEMS"} \
+        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" regrade --models reference ${REGRADE_PROBLEMS:+--problems "$REGRADE_PROBLEMS"} \
           ${REGRADE_PROCESSES:+--processes "$REGRADE_PROCESSES"} \
-          --json > "$OUT/regrade_h200.json" 2>> "$OUT/session.log"
+          --json > "$OUT/regrade_$GPU.json" 2>> "$OUT/session.log"
         log "regrade exit $?" ;;
     reference) resume_db
-        $PY -m mkb --db "$OUT/mkb-h200.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
+        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
     reproduce) resume_db
-        $PY -m mkb --db "$OUT/mkb-h200.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
+        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
           | tee "$OUT/reproduce.log" | tail -40 | tee -a "$OUT/session.log"
-        [ -f "$OUT/eager_h200.json" ] || cp problems/eager_h200.json "$OUT/eager_h200.json"
-        $PY artifact/generators/eager_table.py "$OUT/mkb-h200.duckdb" "$OUT/eager_h200.json" 2>&1 | tee -a "$OUT/session.log" ;;
+        [ -f "$OUT/eager_$GPU.json" ] || [ ! -f "problems/eager_$GPU.json" ] || cp "problems/eager_$GPU.json" "$OUT/eager_$GPU.json"
+        $PY artifact/generators/eager_table.py "$OUT/mkb-$GPU.duckdb" "$OUT/eager_$GPU.json" 2>&1 | tee -a "$OUT/session.log" ;;
     ray) $PY -m mkb --db "$OUT/mkb-ray.duckdb" run-model reference --problems "${RAY_PROBLEMS:-p28}" --device cuda \
           $(for a in ${RAY_ARMS:-}; do echo --arms "$a"; done) --executor ray --concurrency "${REF_CONCURRENCY:-2}" \
           2>&1 | tee "$OUT/ray.log" | tail -30 | tee -a "$OUT/session.log"
-        $PY artifact/generators/ray_compare.py "$OUT/mkb-h200.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" \
+        $PY artifact/generators/ray_compare.py "$OUT/mkb-$GPU.duckdb" "$OUT/mkb-ray.duckdb" > "$OUT/ray_vs_local.json" \
           2>> "$OUT/session.log"
         tail -c 600 "$OUT/ray_vs_local.json" | tee -a "$OUT/session.log" ;;
     docs) $PY -m pytest -q -m gpu tests/test_docs.py --gpu-records "$OUT" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;

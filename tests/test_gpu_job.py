@@ -27,7 +27,9 @@ def test_a_job_runs_detached_and_comes_back_as_one_tarball(tmp_path):
     with tarfile.open(out / "job.tar.gz") as tar:
         names = tar.getnames()
     assert "job/session.log" in names and "job/exit" in names
-    assert "unknown stage no-such-stage" in (out / "session_tail.log").read_text()
+    tail = (out / "session_tail.log").read_text()
+    assert "unknown stage no-such-stage" in tail
+    assert "GPU key: cpu" in tail   # no GPU here: no file is named after one (h200.json, mkb-h200.duckdb, ...)
     assert "idle (last exit 2)" in _job(["status"], job).stdout
 
 
