@@ -19,8 +19,12 @@ def _bf(x: torch.Tensor) -> torch.Tensor:
     return x.to(BF).float()
 
 
-def chunked_gla(q, k, v, gk, chunk: int = 64) -> torch.Tensor:
-    """o bf16 [B, T, H, V] of problem p69 computed chunk by chunk (see the module docstring)."""
+def chunked_gla(q, k, v, gk, chunk: int = 64, fold: bool = False) -> torch.Tensor:
+    """o bf16 [B, T, H, V] of problem p69 computed chunk by chunk (see the module docstring).
+
+    fold: the state update as S_C = Diag(exp(b_C)) (S_0 + sum_s k~_s v_s^T), which needs no k^ operand (the
+    state GEMM accumulates onto S_0 with the scores' k~, then its rows are scaled).
+    """
     q, k, v, gk = (x.float().transpose(1, 2) for x in (q, k, v, gk))     # [B, H, T, D]
     b, h, t, dk = q.shape
     scale = dk ** -0.5
@@ -37,5 +41,8 @@ def chunked_gla(q, k, v, gk, chunk: int = 64) -> torch.Tensor:
         vc = v[:, :, sl]
         a = _bf((qt @ kt.transpose(-1, -2)).masked_fill(~causal[:qt.shape[2], :qt.shape[2]], 0.0))
         o[:, :, sl] = qt @ _bf(s) + a @ vc
-        s = s * torch.exp(last[:, :, 0, :, None]) + kh.transpose(-1, -2) @ vc
+        if fold:
+            s = (s + kt.transpose(-1, -2) @ vc) * torch.exp(last[:, :, 0, :, None])
+        else:
+            s = s * torch.exp(last[:, :, 0, :, None]) + kh.transpose(-1, -2) @ vc
     return o.transpose(1, 2).to(BF)
