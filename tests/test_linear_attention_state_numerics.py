@@ -163,3 +163,40 @@ def test_a_p72_replay_without_the_decay_is_caught():
     ref = problem.reference(*inputs)
     anchor = problem.reference(*numerics.fp64(inputs))
     assert not tt.compare("out[1]", out[1], ref[1], anchor[1], numerics.factor(problem)).ok
+
+
+def p73_model(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale):
+    """The pending p73 kernels' arithmetic: (o bf16 [B, T, Hv, V], pool fp32 [P, Hv, V, K]); p72's step per token."""
+    rep = v.shape[2] // q.shape[2]
+    alpha, beta = _gates(A_log, a, dt_bias, b)                     # [B, T, Hv]
+    qh = q.float().repeat_interleave(rep, dim=2)
+    kh = k.float().repeat_interleave(rep, dim=2)
+    o = torch.empty(v.shape, dtype=torch.float32)
+    pool = state_pool.float().clone()
+    for i, slot in enumerate(indices.tolist()):                    # request order: repeated slots would chain
+        s = pool[slot]
+        for t in range(q.shape[1]):
+            o[i, t], s = gdn_step(s, qh[i, t], kh[i, t], v[i, t].float(), alpha[i, t], beta[i, t], scale)
+        pool[slot] = s
+    return o.to(q.dtype), pool
+
+
+@pytest.mark.parametrize("scale", ["smoke", "full"])
+def test_p73_kernel_arithmetic_is_well_inside_the_tolerance(scale):
+    problem = numerics.load_problem("p73")
+    torch.manual_seed(74)
+    inputs = problem.make_inputs(device="cpu", scale=scale)
+    ratios = _ratios(problem, inputs, p73_model(*inputs))
+    assert max(ratios) < 0.5, ratios
+
+
+def test_a_p73_replay_that_skips_the_last_draft_token_is_caught():
+    """The check can fail: the final states left after 3 of the 4 draft tokens are far outside the tolerance."""
+    problem = numerics.load_problem("p73")
+    torch.manual_seed(75)
+    inputs = problem.make_inputs(device="cpu", scale="smoke")
+    q, k, v, pool, idx, A_log, a, dt_bias, b, sc = inputs
+    out = p73_model(q[:, :3], k[:, :3], v[:, :3], pool, idx, A_log, a[:, :3], dt_bias, b[:, :3], sc)
+    ref = problem.reference(*inputs)
+    anchor = problem.reference(*numerics.fp64(inputs))
+    assert not tt.compare("out[1]", out[1], ref[1], anchor[1], numerics.factor(problem)).ok
