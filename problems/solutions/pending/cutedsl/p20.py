@@ -191,18 +191,16 @@ class Fused:
         warpgroup.wait_group(0)
         pipe.consumer_release(done)
 
-        for i in cutlass.range_constexpr(64):          # nope columns: q rounded to bf16
+        for k in cutlass.range_constexpr(16):          # rope columns 128 + x (element 64 + k), 160 + x (80 + k)
+            x1 = _bf(acc[64 + k])
+            x2 = _bf(acc[80 + k])
+            c = cs[k]
+            s = cs[16 + k]
+            acc[64 + k] = _bf(x1 * c) - _bf(x2 * s)
+            acc[80 + k] = _bf(x2 * c) + _bf(x1 * s)
+        for i in cutlass.range_constexpr(96):          # q rounded to bf16 (the rope values already are)
             if cute.elem_less(cC[i], mQ.shape):
                 tCgC[i] = acc[i].to(mQ.element_type)
-        for k in cutlass.range_constexpr(16):          # rope columns 128 + x (element 64 + k), 160 + x (80 + k)
-            i = 64 + k
-            if cute.elem_less(cC[i], mQ.shape):
-                x1 = _bf(acc[i])
-                x2 = _bf(acc[i + 16])
-                c = cs[k]
-                s = cs[16 + k]
-                tCgC[i] = (_bf(x1 * c) - _bf(x2 * s)).to(mQ.element_type)
-                tCgC[i + 16] = (_bf(x2 * c) + _bf(x1 * s)).to(mQ.element_type)
 
     @cute.jit
     def load(self, pipe, prod, tma_a, tAgA, tAsA, tma_b, tBgB, tBsB):
