@@ -42,6 +42,10 @@
 #   docs       pytest -m gpu: the DSL manuals' examples on the GPU   -> docs_examples.json
 #   gpu-tests  every @pytest.mark.gpu test (make test-gpu)          -> gpu_tests.log, judge_records.json,
 #              docs_examples.json
+#   anchors    external anchors (issue #20): installs the staged libraries apart (scripts/install_anchors.sh; carry
+#              ".device/anchors" from scripts/stage_anchors.sh), then grades every artifact/anchors/<pid>_<lib>.py
+#              as a trusted anchor and our shipped p28/p36 beside them (artifact/generators/anchors.py; ANCHOR_PROBLEMS=p36
+#              for a slice, ANCHOR_OURS=none to grade the anchors alone)          -> anchors_<gpu>.json
 #   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
 #              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
 # The judge grades only inside its bwrap sandbox: a bwrap staged with scripts/stage_bwrap.sh (carry
@@ -132,6 +136,12 @@ for stage in "$@"; do
     gpu-tests) $PY -m pytest -q -m gpu --gpu-records "$OUT" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 \
           | tee -a "$OUT/session.log" ;;
     ceilings) $PY artifact/generators/measure_ceilings.py "$OUT/ceilings_$GPU.json" 2>&1 | tee -a "$OUT/session.log" ;;
+    anchors) bash scripts/install_anchors.sh "${ANCHOR_WHEELS:-.device/anchors}" 2>&1 | tee -a "$OUT/session.log"
+        [ -f "$OUT/anchors_$GPU.json" ] || [ ! -f "problems/solutions/anchors_$GPU.json" ] \
+          || cp "problems/solutions/anchors_$GPU.json" "$OUT/anchors_$GPU.json"   # --merge keeps the others
+        $PY artifact/generators/anchors.py --out "$OUT/anchors_$GPU.json" --merge \
+          ${ANCHOR_PROBLEMS:+--problems "$ANCHOR_PROBLEMS"} ${ANCHOR_OURS:+--ours "$ANCHOR_OURS"} \
+          2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
     sandbox) $PY scripts/gpu_sandbox_check.py "$OUT/sandbox_check.json" 2>&1 | tail -60 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac

@@ -4,7 +4,8 @@ Usage: python artifact/generators/solutions_table.py [problems/solutions/h200_st
 
 Sections: per family (solved in both DSLs, at the expert bar, the bar reachable under the paper's clock), the
 judge's gradings on each GPU (problems/solutions/<gpu>.json: h200.json, h100.json, from
-artifact/generators/validate_solutions.py) with the shipped variants not graded yet, the DSL share under both policies, and the solutions' own first check.
+artifact/generators/validate_solutions.py) with the shipped variants not graded yet, the DSL share under both policies, the external
+anchors (problems/solutions/anchors_<gpu>.json, artifact/generators/anchors.py) and the solutions' own first check.
 """
 
 import json
@@ -42,6 +43,7 @@ def main(src: Path, out: Path) -> None:
         lines += judged(key, records)
     lines += not_graded(by_gpu)
     lines += shares(by_gpu, ROOT / "problems/solutions/h200_strict.json")
+    lines += external_anchors(by_gpu, ROOT / "problems/solutions")
     lines += standalone(src, catalog)
     out.write_text("\n".join(lines) + "\n")
 
@@ -151,6 +153,61 @@ def shares(by_gpu: dict[str, list[dict]], strict_src: Path) -> list[str]:
             below.append(f"{r['problem']} {r['dsl']}")
     if below:
         lines += ["", "Below the strict floor (they pass the paper policy and fail strict): " + ", ".join(below) + "."]
+    return lines
+
+
+def external_anchors(by_gpu: dict[str, list[dict]], folder: Path) -> list[str]:
+    """Each anchor (a published library's kernel, graded by the judge as a trusted anchor) beside our solutions of
+    its problem: ours graded in the same run (role "ours") in the anchor's DSL and the other, else our records of
+    that GPU; "not measured yet" while no GPU has an anchors file."""
+    from anchors import ANCHORS, LIBRARIES, UNANCHORED, anchors  # noqa: PLC0415  (this directory)
+
+    files = sorted(folder.glob("anchors_*.json"))
+    lines = ["", "## External anchors", "",
+             "A published kernel for the same operation, graded by the judge beside ours (issue #20): our wrapper "
+             f"`{ANCHORS.relative_to(ROOT)}/<pid>_<library>.py` adapts the problem's `solve()` to the library's public "
+             "API, and `artifact/generators/anchors.py` grades it with `mkb.judge.grade(..., anchor=...)`: the same "
+             "processes, sandbox, draws, tolerance and paper timing as a submission; only the anchor's own modules pass "
+             "the static scan (which refuses them to every agent's kernel) and only its cell shows the library "
+             "(mkb/judge/anchor.py). An anchor is a measurement, never shipped code. Ours: our shipped solution graded "
+             "in the same run, else its record of that GPU (†). Ratio: anchor kernel ms / ours (above 1: ours faster).",
+             "", UNANCHORED]
+    wrapped = ", ".join(f"{pid} ({LIBRARIES[key].package} {LIBRARIES[key].version})" for pid, key, _ in anchors(None))
+    if not files:
+        return lines + ["", f"Not measured yet: no GPU has graded the anchors ({wrapped}). Run the `anchors` stage of "
+                        "scripts/gpu_session.sh (carry `.device/anchors` from scripts/stage_anchors.sh)."]
+    for path in files:
+        lines += anchor_table(path.stem.removeprefix("anchors_"), json.loads(path.read_text()), by_gpu)
+    return lines
+
+
+def anchor_table(key: str, rows: list[dict], by_gpu: dict[str, list[dict]]) -> list[str]:
+    """One GPU's anchors file as a table: per anchor, the anchor and ours in each DSL (kernel ms, SOL fraction)."""
+    same = {(r["problem"], r["dsl"]): r for r in rows if r.get("role") == "ours"}
+    shipped_rows = {(r["problem"], r["dsl"]): r for r in by_gpu.get(key, [])}
+    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+    graded = sorted({r["graded_at"][:10] for r in rows if r.get("graded_at")})
+    devices = ", ".join(sorted({r["device"] for r in rows if r.get("device")}))
+    lines = ["", f"On the {devices or key.upper()} (`problems/solutions/anchors_{key}.json`, graded {', '.join(graded)}):",
+             "", "| problem | anchor | status | anchor ms | anchor SOL | dsl check | ours CuTe DSL ms | SOL | "
+             "ours TIRx ms | SOL | ratio to ours (best) |", "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for a in sorted((r for r in rows if r.get("role") == "anchor"), key=lambda r: r["problem"]):
+        cells, best = [], None
+        for dsl in ("cutedsl", "tirx"):
+            mine, mark = same.get((a["problem"], dsl)), ""
+            if mine is None and (a["problem"], dsl) in shipped_rows:
+                mine, mark = shipped_rows[(a["problem"], dsl)], " †"
+            ms = mine.get("kernel_ms") if mine and mine.get("status") == "passed" else None
+            best = ms if ms is not None and (best is None or ms < best) else best
+            cells += [f"{fmt(ms, '.4f')}{mark if ms is not None else ''}",
+                      fmt(mine.get("sol_fraction") if ms is not None else None, ".2f")]
+        ratio = a["kernel_ms"] / best if a.get("kernel_ms") and best else None
+        lines.append(f"| {a['problem']} | {a.get('library')} {a.get('version') or ''} | {a['status']} | "
+                     f"{fmt(a.get('kernel_ms'), '.4f')} | {fmt(a.get('sol_fraction'), '.2f')} | {a.get('dsl_check', '')} | "
+                     f"{' | '.join(cells)} | {fmt(ratio, '.2f')} |")
+    failed = [f"{a['problem']}: {a['message'][:300]}" for a in rows if a.get("role") == "anchor" and a["status"] != "passed"]
+    if failed:
+        lines += ["", "What the judge found in the anchors that did not pass: " + "; ".join(failed)]
     return lines
 
 

@@ -71,14 +71,18 @@ class Plan:
     """Host paths no cell may show: the checkout, MKB_HOME, problems, solutions, the home directory."""
     environment: str
     """A digest of the environment the children start with."""
+    extra_paths: tuple[str, ...] = ()
+    """Site directories the candidate's cell shows read-only, first on its PYTHONPATH: a trusted anchor's library
+    (mkb.judge.anchor); empty for every other grading."""
 
     @classmethod
-    def of(cls, settings: Settings, device: str, timed: bool, sandboxed: bool, visible_devices: str | None) -> Plan:
+    def of(cls, settings: Settings, device: str, timed: bool, sandboxed: bool, visible_devices: str | None,
+           extra_paths: tuple[str, ...] = ()) -> Plan:
         env = json.dumps(sorted(credentials.judge_environment(environment(), trusted=True).items())).encode()
         private = (CHECKOUT, settings.home, settings.problems_dir, settings.solutions_path, Path.home())
         return cls(device, timed, sandboxed, visible_devices, settings.judge_memory_mb, settings.judge_timeout_s,
                    settings.judge_output_limit_bytes, settings.judge_tmpfs_mb, tuple(str(p) for p in private),
-                   hashlib.sha256(env).hexdigest())
+                   hashlib.sha256(env).hexdigest(), tuple(extra_paths))
 
     @property
     def tmpfs_bytes(self) -> int:
@@ -174,6 +178,8 @@ class Launch:
         env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
         if self.sandbox is None:
             env.update(HOME=str(self.hostdir / "tmp"), TMPDIR=str(self.hostdir / "tmp"))
+            if candidate and plan.extra_paths:
+                env["PYTHONPATH"] = os.pathsep.join([*plan.extra_paths, *filter(None, [env.get("PYTHONPATH")])])
             argv, isolation = [sys.executable, str(HARNESS_DIR / "child.py")], {
                 "sandbox": "none: MKB_JUDGE_UNSAFE_NO_SANDBOX is set; the harness sees the host's files, processes "
                            "and network"}
@@ -181,7 +187,8 @@ class Launch:
             view = View.for_harness(harness_dir=str(HARNESS_DIR), stage=str(self.stage[name]),
                                     stage_root=KERNEL_ROOT if candidate else PROBLEM_ROOT,
                                     gpu=plan.device == "cuda", visible_devices=plan.visible_devices,
-                                    tmp_bytes=plan.tmpfs_bytes, private=tuple(Path(p) for p in plan.private))
+                                    tmp_bytes=plan.tmpfs_bytes, private=tuple(Path(p) for p in plan.private),
+                                    extra=plan.extra_paths if candidate else ())
             env.update(HOME="/tmp", TMPDIR="/tmp")
             if view.pythonpath:
                 env["PYTHONPATH"] = os.pathsep.join(view.pythonpath)

@@ -46,6 +46,14 @@ FORBIDDEN_CALLS = {"exec": "exec()", "eval": "eval()", "compile": "compile() (dy
                    "make_inputs": "the problem's make_inputs()"}
 PATCHABLE_ROOTS = ("torch", "time", "builtins", "sys", "os", "cutlass", "tvm", "tvm_ffi", "cuda", "gc")
 """Assigning into these modules (timers, synchronize, the DSL runtimes) is tampering."""
+KERNEL_LIBRARIES = {
+    "quack": "quack-kernels", "flash_attn": "flash-attn", "flashinfer": "flashinfer", "deep_gemm": "DeepGEMM",
+    "sgl_kernel": "sgl-kernel", "vllm": "vLLM", "xformers": "xFormers", "liger_kernel": "Liger Kernel",
+    "transformer_engine": "Transformer Engine", "cutlass_library": "the CUTLASS C++ kernel library",
+}
+"""Published GPU kernel libraries (module -> project): DESIGN §4 forbids kernels imported from them. Only a
+trusted anchor's grading (mkb.judge.anchor: never the agent's submit tool, `mkb verify` or the protocol) may
+import its own library's modules."""
 INLINE_SOURCE_MARKERS = ("__global__", ".visible .entry", "extern \"C\" __global__", ".version 8", "asm volatile")
 
 
@@ -62,8 +70,8 @@ class Finding:
 
 
 class _Visitor(ast.NodeVisitor):
-    def __init__(self, dsl: Dsl, defined: set[str]):
-        self.dsl, self.findings, self.aliases, self.defined = dsl, [], {}, defined
+    def __init__(self, dsl: Dsl, defined: set[str], allow: tuple[str, ...]):
+        self.dsl, self.findings, self.aliases, self.defined, self.allow = dsl, [], {}, defined, allow
 
     def add(self, node: ast.AST, rule: str, detail: str) -> None:
         self.findings.append(Finding(getattr(node, "lineno", 0), rule, detail))
@@ -75,6 +83,10 @@ class _Visitor(ast.NodeVisitor):
         for forbidden, what in FORBIDDEN_IMPORTS.items():
             if name == forbidden or name.startswith(forbidden + "."):
                 self.add(node, "forbidden_import", f"imports {name} ({what} is forbidden)")
+        for library, project in KERNEL_LIBRARIES.items():
+            if (name == library or name.startswith(library + ".")) and library not in self.allow:
+                self.add(node, "kernel_library", f"imports {name}: kernels imported from a kernel library "
+                                                 f"({project}) are forbidden; write the kernel in the DSL")
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -145,16 +157,17 @@ class _Visitor(ast.NodeVisitor):
             self.add(node, "inline_source", "a string holds CUDA C/PTX source: raw CUDA is forbidden")
 
 
-def scan(source: str, dsl: Dsl) -> list[Finding]:
+def scan(source: str, dsl: Dsl, allow: tuple[str, ...] = ()) -> list[Finding]:
     """Every static policy finding in a kernel's source (empty when clean).
 
-    A file that does not parse yields no finding: importing it reports the syntax error.
+    A file that does not parse yields no finding: importing it reports the syntax error. allow names the
+    KERNEL_LIBRARIES modules a trusted anchor's grading may import (mkb.judge.anchor); nothing else is waived.
     """
     try:
         tree = parse(source)
     except SyntaxError:
         return []
     defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    visitor = _Visitor(Dsl(dsl), defined)
+    visitor = _Visitor(Dsl(dsl), defined, tuple(allow))
     visitor.visit(tree)
     return visitor.findings

@@ -52,7 +52,9 @@ class View:
 
     @classmethod
     def for_harness(cls, *, harness_dir: str | None, stage: str | None, stage_root: str, gpu: bool,
-                    visible_devices: str | None, tmp_bytes: int, private: tuple[Path, ...]) -> View:
+                    visible_devices: str | None, tmp_bytes: int, private: tuple[Path, ...],
+                    extra: tuple[str, ...] = ()) -> View:
+        """extra: directories shown read-only and put first on PYTHONPATH (a trusted anchor's site, mkb.judge.anchor)."""
         private = tuple(Path(p).resolve() for p in private)
         shown, symlinks = [], []
         for top in SYSTEM_DIRS:
@@ -61,7 +63,8 @@ class View:
             elif os.path.isdir(top):
                 shown.append(top)
         shown += [f"/etc/{name}" for name in ETC_FILES if os.path.exists(f"/etc/{name}")]
-        for path in toolchain_paths():  # a venv inside the checkout is shown; the checkout itself never
+        added = [Path(p).resolve() for p in extra]
+        for path in [*toolchain_paths(), *added]:  # a venv inside the checkout is shown; the checkout itself never
             covered = any(_within(path, Path(s)) and not any(_within(path, q) and _within(q, Path(s)) and q != Path(s)
                                                              for q in private) for s in shown)
             if path not in private and not covered:
@@ -69,7 +72,7 @@ class View:
         hidden = sorted({str(q) for q in private for s in shown if q != Path(s) and _within(q, Path(s)) and q.exists()})
         placed = [(harness_dir, HARNESS_ROOT)] if harness_dir else []
         placed += [(stage, stage_root)] if stage else []
-        pythonpath = tuple(p for p in environment().get("PYTHONPATH", "").split(os.pathsep)
+        pythonpath = tuple(p for p in [*map(str, added), *environment().get("PYTHONPATH", "").split(os.pathsep)]
                            if p and any(_within(Path(p).resolve(), Path(s)) for s in shown)
                            and not any(_within(Path(p).resolve(), q) for q in private))
         return cls(tuple(shown), tuple(symlinks), tuple(hidden), tuple(placed),
