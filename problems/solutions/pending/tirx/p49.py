@@ -87,6 +87,9 @@ def _make_kernel(scale: float):
         cnt = pool.alloc((BM, 4), "int32", align=16)
         sel = pool.alloc((BM, TOP_K), "float32", align=16)
         sco = pool.alloc((BM, TOP_K), "float64", align=16)
+        pool.move_base_to(0)                    # routing scratch over the drained ring (a decl_buffer on
+        candI = pool.alloc((BM, CAND), "int32", align=1024)             # B_s.data would start at 0)
+        candVL = pool.alloc((2, BM, CAND), "float32", align=1024)       # scores, then logits
         pool.commit()
         acc = T.alloc_buffer((2 * NACC,), "float32", scope="local")     # experts 0..127, then 128..255
         tmp = T.alloc_buffer((NACC,), "float32", scope="local")
@@ -144,7 +147,7 @@ def _make_kernel(scale: float):
                         acc[half * NACC + e] = acc[half * NACC + e] + tmp[e]
             # both warpgroups' WGMMAs have read their last stage before its bytes become routing scratch
             T.ptx.bar.sync(T.uint32(1), T.uint32(256))
-            _route(acc, wg * 64 + (lt % 32) // 4 + (lt // 32) * 16, lt % 4, bx, M, A_s, B_s, cnt, sel, sco,
+            _route(acc, wg * 64 + (lt % 32) // 4 + (lt // 32) * 16, lt % 4, bx, M, candI, candVL, cnt, sel, sco,
                    BIAS, IDX, W, tiny, factor)
 
     return router_gemm
@@ -156,10 +159,8 @@ def _score(x, BIAS, e):
 
 
 @T.inline
-def _route(acc, r0, q, bx, M, A_s, B_s, cnt, sel, sco, BIAS, IDX, W, tiny, factor):
+def _route(acc, r0, q, bx, M, candI, candVL, cnt, sel, sco, BIAS, IDX, W, tiny, factor):
     """The group-limited top-8 of this thread's two rows (r0, r0 + 8), a quad of lanes (q = lane % 4) per row."""
-    candVL = T.decl_buffer((2, BM, CAND), "float32", data=B_s.data)     # scores, then logits
-    candI = T.decl_buffer((BM, CAND), "int32", data=A_s.data)
     gs = T.alloc_local((N_GROUP,), "float32")
     g2 = T.alloc_local((N_GROUP,), "float32")
     kept = T.alloc_local((N_GROUP,), "int32")
