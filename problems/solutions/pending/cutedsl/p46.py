@@ -216,60 +216,87 @@ class Prep:
         t0 = bidx * TB
         # one [E, TB] buffer: the mask sums, then (each entry rewritten by the thread that read it) dl
         sbuf = cutlass.utils.SmemAllocator().allocate_tensor(Float32, cute.make_layout(self.E * PAD))
-        for j in cutlass.range_constexpr((self.E * TB + 255) // 256):   # mask term: sum over the 8 choices
+        ng = TB // 8                                                   # mask term: sum over the 8 choices,
+        for j in cutlass.range((self.E * ng + 255) // 256, unroll=1):  # 8 tokens per 16-byte load
             idx = tidx + 256 * j
-            if idx < self.E * TB:
-                e = idx // TB
-                tl = idx % TB
-                t = cutlass.min(t0 + tl, ntok - 1)
-                s = Float32(0.0)
+            if idx < self.E * ng:
+                e = idx // ng
+                g = idx % ng
+                tg = cutlass.min(t0 + 8 * g, ntok - 8)     # T % 8 == 0: a group is wholly in or out (then unused)
+                s8 = cute.make_rmem_tensor((8,), Float32)
+                for u in cutlass.range_constexpr(8):
+                    s8[u] = Float32(0.0)
                 for k in cutlass.range_constexpr(TOP_K):
-                    s = s + gmask[e, k, t].to(Float32)
-                sbuf[e * PAD + tl] = s
+                    rv = cute.make_rmem_tensor((8,), gmask.element_type)
+                    cute.autovec_copy(cute.zipped_divide(gmask[e, k, None], (8,))[None, tg // 8], rv)
+                    for u in cutlass.range_constexpr(8):
+                        s8[u] = s8[u] + rv[u].to(Float32)
+                for u in cutlass.range_constexpr(8):
+                    sbuf[e * PAD + 8 * g + u] = s8[u]
         cute.arch.sync_threads()
         lane = tidx % 32
         warp = tidx // 32
-        for r in cutlass.range_constexpr(TB // 8):
-            tl = warp + 8 * r
-            t = cutlass.min(t0 + tl, ntok - 1)
-            S = top_sum[t, 0]
-            my_id = Int32(-1)
-            gwj = Float32(0.0)
-            pj = Float32(0.0)
-            if lane < TOP_K:
-                my_id = Int32(ids[t, lane])
-                gwj = gw[t, lane].to(Float32)
-                pj = probs[t, my_id]
-            a = gwj * pj
-            for sh in cutlass.range_constexpr(3):                      # lanes 0..7 hold the 8 choices
-                a = a + cute.arch.shuffle_sync_bfly(a, offset=1 << sh)
-            dtop = gwj / S - a / (S * S)
-            rp = cute.make_rmem_tensor((self.epl,), Float32)
-            dp = cute.make_rmem_tensor((self.epl,), Float32)
-            for c in cutlass.range_constexpr(self.epl):
-                rp[c] = Float32(0.0)
-                dp[c] = Float32(0.0)
-            for j in cutlass.range_constexpr(TOP_K):
-                idj = cute.arch.shuffle_sync(my_id, offset=j)
-                dj = cute.arch.shuffle_sync(dtop, offset=j)
+        nr = TB // 16                                                  # tokens of this warp: warp + 8 (nr hh + r)
+        for hh in cutlass.range_constexpr(2):                         # two halves: fewer registers, more CTAs
+            r_s = cute.make_rmem_tensor((nr,), Float32)
+            r_id = cute.make_rmem_tensor((nr,), Int32)
+            r_gw = cute.make_rmem_tensor((nr,), Float32)
+            r_pj = cute.make_rmem_tensor((nr,), Float32)
+            r_p = cute.make_rmem_tensor((self.epl, nr), Float32)
+            r_gl = cute.make_rmem_tensor((self.epl, nr), Float32)
+            for r in cutlass.range_constexpr(nr):     # every independent load of these 4 tokens first
+                t = cutlass.min(t0 + warp + 8 * (nr * hh + r), ntok - 1)
+                r_s[r] = top_sum[t, 0]
+                r_id[r] = Int32(-1)
+                r_gw[r] = Float32(0.0)
+                if lane < TOP_K:
+                    r_id[r] = Int32(ids[t, lane])
+                    r_gw[r] = gw[t, lane].to(Float32)
                 for c in cutlass.range_constexpr(self.epl):
-                    if idj == lane * self.epl + c:
-                        dp[c] = dj
-            part = Float32(0.0)
-            for c in cutlass.range_constexpr(self.epl):
-                e = lane * self.epl + c
-                if e < self.E:
-                    rp[c] = probs[t, e]
-                    dp[c] = dp[c] + sbuf[e * PAD + tl]
-                    part = part + dp[c] * rp[c]
-            tot = cute.arch.warp_reduction_sum(part)
-            for c in cutlass.range_constexpr(self.epl):
-                e = lane * self.epl + c
-                if e < self.E:
-                    v = (rp[c] * (dp[c] - tot) + glog[t, e].to(Float32)).to(dl.element_type)
-                    sbuf[e * PAD + tl] = v.to(Float32)
-                    if t0 + tl < ntok:
-                        dl[t, e] = v
+                    r_p[c, r] = Float32(0.0)
+                    r_gl[c, r] = Float32(0.0)
+                    e = lane * self.epl + c
+                    if e < self.E:
+                        r_p[c, r] = probs[t, e]
+                        r_gl[c, r] = glog[t, e].to(Float32)
+            for r in cutlass.range_constexpr(nr):     # then their gathers of p[ids] together
+                t = cutlass.min(t0 + warp + 8 * (nr * hh + r), ntok - 1)
+                r_pj[r] = Float32(0.0)
+                if lane < TOP_K:
+                    r_pj[r] = probs[t, r_id[r]]
+            for r in cutlass.range_constexpr(nr):     # the shipped arithmetic, token by token, from registers
+                tl = warp + 8 * (nr * hh + r)
+                t = cutlass.min(t0 + tl, ntok - 1)
+                S = r_s[r]
+                my_id = r_id[r]
+                gwj = r_gw[r]
+                a = gwj * r_pj[r]
+                for sh in cutlass.range_constexpr(3):                      # lanes 0..7 hold the 8 choices
+                    a = a + cute.arch.shuffle_sync_bfly(a, offset=1 << sh)
+                dtop = gwj / S - a / (S * S)
+                dp = cute.make_rmem_tensor((self.epl,), Float32)
+                for c in cutlass.range_constexpr(self.epl):
+                    dp[c] = Float32(0.0)
+                for j in cutlass.range_constexpr(TOP_K):
+                    idj = cute.arch.shuffle_sync(my_id, offset=j)
+                    dj = cute.arch.shuffle_sync(dtop, offset=j)
+                    for c in cutlass.range_constexpr(self.epl):
+                        if idj == lane * self.epl + c:
+                            dp[c] = dj
+                part = Float32(0.0)
+                for c in cutlass.range_constexpr(self.epl):
+                    e = lane * self.epl + c
+                    if e < self.E:
+                        dp[c] = dp[c] + sbuf[e * PAD + tl]
+                        part = part + dp[c] * r_p[c, r]
+                tot = cute.arch.warp_reduction_sum(part)
+                for c in cutlass.range_constexpr(self.epl):
+                    e = lane * self.epl + c
+                    if e < self.E:
+                        v = (r_p[c, r] * (dp[c] - tot) + r_gl[c, r]).to(dl.element_type)
+                        sbuf[e * PAD + tl] = v.to(Float32)
+                        if t0 + tl < ntok:
+                            dl[t, e] = v
         cute.arch.sync_threads()
         for j in cutlass.range_constexpr((self.E * TB + 255) // 256):   # transposed copy, coalesced along T
             idx = tidx + 256 * j
@@ -322,7 +349,7 @@ def _prepare(x, w_router, probs, ids, top_sum, grad_w, grad_mask, grad_logits, a
     if key not in _COMPILED:
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-        t, z = cute.sym_int(), cute.sym_int()
+        t, z = cute.sym_int(divisibility=8), cute.sym_int()        # T % 8 == 0: the prep's 16-byte mask loads
         bf, f32 = cutlass.BFloat16, Float32
 
         def rows(dtype, shape):
