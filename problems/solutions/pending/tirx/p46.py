@@ -176,6 +176,7 @@ def _tile_coords(tile, t, MT, NT):
 def _make_prep(E: int):
     EPL = max(1, E // 32)
     NI = (E * TB + 255) // 256
+    NG = TB // 8
 
     @T.prim_func
     def prep(p_h: T.handle, i_h: T.handle, s_h: T.handle, gw_h: T.handle, gm_h: T.handle, gl_h: T.handle,
@@ -185,7 +186,8 @@ def _make_prep(E: int):
         IDS = T.match_buffer(i_h, (ntok, TOP_K), "int64")
         SUM = T.match_buffer(s_h, (ntok, 1), "float32")
         GW = T.match_buffer(gw_h, (ntok, TOP_K), "bfloat16")
-        GM = T.match_buffer(gm_h, (E, TOP_K, ntok), "bfloat16")
+        ng8 = T.int32()
+        GM = T.match_buffer(gm_h, (E, TOP_K, ng8, 8), "bfloat16", align=16)   # [E, 8, T] as 8-token groups
         GL = T.match_buffer(gl_h, (ntok, E), "bfloat16")
         DL = T.match_buffer(dl_h, (ntok, E), "bfloat16")
         DLT = T.match_buffer(dlt_h, (E, ntok), "bfloat16")
@@ -193,7 +195,8 @@ def _make_prep(E: int):
         bx = T.cta_id([T.ceildiv(ntok, TB)])
         tx = T.thread_id([256])
         sbuf = T.alloc_shared((E * PAD,), "float32")   # mask sums, then dl (same thread, same entry)
-        acc = T.alloc_local((1,), "float32")
+        s8 = T.alloc_local((8,), "float32")
+        rv = T.alloc_local((8,), "bfloat16")
         rp = T.alloc_local((EPL,), "float32")
         dp = T.alloc_local((EPL,), "float32")
         mine = T.alloc_local((3,), "float32")          # gw, p of this lane's choice; the gw * p sum
@@ -201,14 +204,17 @@ def _make_prep(E: int):
         part = T.alloc_local((1,), "float32")
         lane: T.let = tx % 32
         warp: T.let = tx // 32
-        for j in T.unroll(NI):
+        for j in T.serial((E * NG + 255) // 256):       # mask term: 8 tokens per 16-byte load
             idx = T.meta_var(tx + 256 * j)
-            if idx < E * TB:
-                t = T.meta_var(T.min(bx * TB + idx % TB, ntok - 1))
-                acc[0] = T.float32(0)
+            if idx < E * NG:
+                for u in T.unroll(8):
+                    s8[u] = T.float32(0)
                 for k in T.unroll(TOP_K):
-                    acc[0] = acc[0] + T.Cast("float32", GM[idx // TB, k, t])
-                sbuf[(idx // TB) * PAD + idx % TB] = acc[0]
+                    T.tile.copy(rv[:], GM[idx // NG, k, T.min(bx * NG + idx % NG, ng8 - 1), 0:8])
+                    for u in T.unroll(8):
+                        s8[u] = s8[u] + T.Cast("float32", rv[u])
+                for u in T.unroll(8):
+                    sbuf[(idx // NG) * PAD + (idx % NG) * 8 + u] = s8[u]
         T.cuda.cta_sync()
         for r in T.unroll(TB // 8):
             tl = T.meta_var(warp + 8 * r)
@@ -299,7 +305,7 @@ def _build(func, arch):
 
 def _prepare(x, w_router, probs, ids, top_sum, grad_w, grad_mask, grad_logits, arch=None):
     e = w_router.shape[0]
-    assert (e % 32 == 0 or e < 32) and x.shape[1] % 8 == 0
+    assert (e % 32 == 0 or e < 32) and x.shape[1] % 8 == 0 and x.shape[0] % 8 == 0
     key = (e, _kt_per_split(x.shape[0]))
     if key not in _COMPILED:
         a = arch or _arch()
@@ -316,8 +322,8 @@ def solve(x, w_router, probs, ids, top_sum, grad_w, grad_mask, grad_logits):
     dev = x.device
     dl = torch.empty(t, e, dtype=torch.bfloat16, device=dev)
     dlt = torch.empty(e, t, dtype=torch.bfloat16, device=dev)
-    prep(probs.contiguous(), ids.contiguous(), top_sum.contiguous(), grad_w.contiguous(), grad_mask.contiguous(),
-         grad_logits.contiguous(), dl, dlt)
+    prep(probs.contiguous(), ids.contiguous(), top_sum.contiguous(), grad_w.contiguous(),
+         grad_mask.contiguous().view(e, TOP_K, t // 8, 8), grad_logits.contiguous(), dl, dlt)
     dx = torch.empty(1, t, d, dtype=torch.bfloat16, device=dev)
     gemm_dx(dl, w_router.contiguous(), dx)
     splits = -(-t // (BK * _kt_per_split(t)))
