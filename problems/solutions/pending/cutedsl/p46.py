@@ -1,9 +1,9 @@
 """p46 Qwen3-Coder router backward (routing weights, dispatch mask, logits -> dx, dW) in CuTe DSL.
 
 Kernel 1 (prep): a CTA owns 64 tokens.  It first sums the dispatch-mask gradient over the 8 choices
-([E, 8, T], read along T, coalesced) into shared memory; then a warp per token (lane l holds experts
+([E, 8, T], read along T in 16-byte loads of 8 tokens) into shared memory; then a warp per token (lane l holds experts
 E/32 l ..) forms d_top = gw / S - (sum gw p_top) / S^2 (fp32, the reference's order), scatters it onto
-its experts, adds the mask term, and dlogits = p (dp - sum dp p) + dL/dlogits; dl = bf16(dlogits) is
+its experts, adds the mask term (each batch of 4 tokens loaded before its arithmetic), and dlogits = p (dp - sum dp p) + dL/dlogits; dl = bf16(dlogits) is
 written row-major [T, E] (for dx) and, through shared memory, transposed [E, T] (for dW).
 Kernel 2 (replacement of the shipped GEMM, speed): a persistent warp-specialised WGMMA GEMM over 128x128
 tiles -- one producer thread issues the TMA loads of A (128 x 64, K-major) and B (64 K rows x 128

@@ -1,7 +1,7 @@
 """p46 Qwen3-Coder router backward (routing weights, dispatch mask, logits -> dx, dW) in TIRx.
 
 Kernel 1 (prep): a CTA owns 64 tokens.  It first sums the dispatch-mask gradient over the 8 choices
-([E, 8, T], read along T, coalesced) into shared memory; then a warp per token (lane l holds experts
+([E, 8, T], read along T in 16-byte loads of 8 tokens, through a [E, 8, T/8, 8] view) into shared memory; then a warp per token (lane l holds experts
 E/32 l ..) forms d_top = gw / S - (sum gw p_top) / S^2 (divisions in fp64, rounded once, as fp32
 would round them: TIRx compiles with fast math), scatters it onto its experts, adds the mask term, and
 dlogits = p (dp - sum dp p) + dL/dlogits; dl = bf16(dlogits) is written row-major [T, E] (for dx) and,
