@@ -1,20 +1,19 @@
 """p46 Qwen3-Coder router backward (routing weights, dispatch mask, logits -> dx, dW) in TIRx.
 
-Kernel 1 (prep): a CTA owns 64 tokens.  It first sums the dispatch-mask gradient over the 8 choices
-([E, 8, T], read along T in 16-byte loads of 8 tokens, through a [E, 8, T/8, 8] view) into shared memory; then a warp per token (lane l holds experts
-E/32 l ..) forms d_top = gw / S - (sum gw p_top) / S^2 (divisions in fp64, rounded once, as fp32
-would round them: TIRx compiles with fast math), scatters it onto its experts, adds the mask term, and
-dlogits = p (dp - sum dp p) + dL/dlogits; dl = bf16(dlogits) is written row-major [T, E] (for dx) and,
-through shared memory, transposed [E, T] (for dW).
+Kernel 1 (prep): a CTA owns 64 tokens. It first sums the dispatch-mask gradient over the 8 choices ([E, 8,
+T], read along T in 16-byte loads of 8 tokens, through a [E, 8, T/8, 8] view) into shared memory; then a
+warp per token (lane l holds experts E/32 l ..) forms d_top = gw / S - (sum gw p_top) / S^2 (divisions in
+fp64, rounded once, as fp32 would round them: TIRx compiles with fast math), scatters it onto its experts,
+adds the mask term, and dlogits = p (dp - sum dp p) + dL/dlogits; dl = bf16(dlogits) is written row-major
+[T, E] (for dx) and, through shared memory, transposed [E, T] (for dW).
 Kernel 2 (replacement of the shipped GEMM, speed): a persistent warp-specialised WGMMA GEMM over 128x128
-tiles -- one producer thread issues the TMA loads of A (128 x 64, K-major) and B (64 K rows x 128
-columns, read N-major in place: two 64-column boxes, transposed-B descriptors) into a 6-stage
-full/empty mbarrier ring and runs ahead across tiles; two consumer warpgroups (setmaxnreg 40 / 232) own
-64 rows each, four m64n128k16 per k-tile into the fp32 accumulator, and store the tile as output pairs
-(one 4-byte store per bf16 pair).
-dx = dl @ W (K = E = 128; 8192 tiles in groups of 16 row tiles), and dW = dl^T @ x split over K = T into
-8 chunks (16 column tiles x 8 = 128 tiles, one per SM) of fp32 partials; kernel 3 sums the partials in
-a fixed order and rounds to bf16 once.  The prep and sum kernels are the shipped ones.
+tiles -- one producer thread issues the TMA loads of A (128 x 64, K-major) and B (64 K rows x 128 columns,
+read N-major in place: two 64-column boxes, transposed-B descriptors) into a 6-stage full/empty mbarrier
+ring and runs ahead across tiles; two consumer warpgroups (setmaxnreg 40 / 232) own 64 rows each, four
+m64n128k16 per k-tile into the fp32 accumulator, and store the tile as output pairs (one 4-byte store per
+bf16 pair). dx = dl @ W (K = E = 128; 8192 tiles in groups of 16 row tiles), and dW = dl^T @ x split over K
+= T into 8 chunks (16 column tiles x 8 = 128 tiles, one per SM) of fp32 partials; kernel 3 sums the partials
+in a fixed order and rounds to bf16 once. The prep and sum kernels are the shipped ones.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
