@@ -13,7 +13,7 @@ ring and runs ahead across tiles; two consumer warpgroups (setmaxnreg 40 / 232) 
 m64n128k16 per k-tile into the fp32 accumulator, and store the tile as output pairs (one 4-byte store per
 bf16 pair). dx = dl @ W (K = E = 128; 8192 tiles in groups of 16 row tiles), and dW = dl^T @ x split over K
 = T into 8 chunks (16 column tiles x 8 = 128 tiles, one per SM) of fp32 partials; kernel 3 sums the partials
-in a fixed order and rounds to bf16 once. The prep and sum kernels are the shipped ones.
+in a fixed order and rounds to bf16 once. The prep's arithmetic and the sum kernel are the shipped ones.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
