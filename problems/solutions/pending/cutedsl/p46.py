@@ -12,8 +12,8 @@ read N-major in place) into a 6-stage full/empty mbarrier ring and runs ahead ac
 warpgroups (setmaxnreg 40 / 232) own 64 rows each, four m64n128k16 per k-tile into the fp32 accumulator, and
 store the tile as output pairs (bf16x2 / fp32x2 stores). dx = dl @ W (K = E = 128; 8192 tiles in groups of
 16 row tiles), and dW = dl^T @ x split over K = T into 8 chunks (16 column tiles x 8 = 128 tiles, one per
-SM) of fp32 partials; kernel 3 sums the partials in a fixed order and rounds to bf16 once. The prep and sum
-kernels are the shipped ones.
+SM) of fp32 partials; kernel 3 sums the partials in a fixed order and rounds to bf16 once. The prep's arithmetic
+and the sum kernel are the shipped ones.
 """
 import torch
 
