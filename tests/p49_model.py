@@ -152,6 +152,31 @@ def route_kernel(logits: torch.Tensor, bias: torch.Tensor, scale: float) -> tupl
     return idx, weights_fp64(logits.gather(1, idx), scale)
 
 
+def route_epilogue(logits: torch.Tensor, bias: torch.Tensor, scale: float, ulps: float = 4.0,
+                   seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The fused GEMM-epilogue router (pending p49 replacements): (indices [T, 8], weights [T, 8], candidates [T]).
+
+    Selection scores with an approximate fp32 sigmoid (ex2.approx, rcp.approx: each score off by up to
+    `ulps` fp32 ulps, drawn at random), + bias; group score = top-2 sum; the 4 best groups (ties: lower
+    group); candidates = kept values >= lo, lo = the smallest 2nd-best of the kept groups; winners ranked
+    by (score desc, index asc) among the candidates; dropped groups' experts are never candidates.
+    Weights as route_kernel (fp64 from the winners' logits).
+    """
+    tokens, experts = logits.shape
+    gen = torch.Generator().manual_seed(seed)
+    noise = (torch.rand(logits.shape, generator=gen, dtype=F64) * 2 - 1) * ulps * 2.0 ** -24
+    val = round32(round32(round32(sigmoid64(logits)) * (1 + noise)) + bias.to(F64))
+    top2 = val.view(tokens, 8, experts // 8).topk(2, dim=-1).values
+    gs = round32(top2[..., 0] + top2[..., 1])
+    g = torch.arange(8)
+    beats = (gs[:, None, :] > gs[:, :, None]) | ((gs[:, None, :] == gs[:, :, None]) & (g[None, :] < g[:, None]))
+    kept = beats.sum(dim=-1) < 4
+    lo = torch.where(kept, top2[..., 1], torch.inf).min(dim=1).values
+    cand = kept.repeat_interleave(experts // 8, dim=1) & (val >= lo[:, None])
+    idx = torch.sort(torch.where(cand, val, -torch.inf), dim=1, descending=True, stable=True).indices[:, :8]
+    return idx, weights_fp64(logits.gather(1, idx), scale), cand.sum(dim=1)
+
+
 def draw(tokens: int, seed: int = 0):
     """p49's full-scale inputs restricted to `tokens` tokens (same distributions and redraw rule)."""
     problem = load_problem()

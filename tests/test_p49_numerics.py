@@ -81,3 +81,29 @@ def test_per_block_promotion_keeps_half_the_allowance_on_every_tensor_core_model
     assert out.ratio("pending") <= 0.5, out
     if hw == "g16x3rz":  # the model reproduces what the H200 measured for the shipped kernels (1.2-1.5x)
         assert out.ratio("shipped") > 1.0, out
+
+
+def _solve_fused_on_cpu(inputs, acc_model: m.Accumulation, seed: int = 0):
+    """What the fused replacements (one kernel, routing in the GEMM epilogue) return, and their candidate counts."""
+    x, w, bias, scale = inputs
+    tokens, experts = x.shape[0], w.shape[0]
+    a = x.to(m.F64).repeat_interleave(experts, dim=0)
+    b = w.to(m.F64).repeat(tokens, 1)
+    logits = m.round32(m.wgmma(a, b, acc_model)).view(tokens, experts)
+    idx, weights, n = m.route_epilogue(logits, bias, scale, seed=seed)
+    assert bool((n >= 8).all()) and bool((n <= 128).all())      # the shared-memory slots: 4 lanes x 32
+    return (idx, weights.to(torch.float32)), n
+
+
+def test_fused_epilogue_router_matches_the_reference_at_smoke_scale_and_on_a_full_k_slice():
+    problem = m.load_problem()
+    draws = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        draws.append(problem.make_inputs(device="cpu", scale="smoke"))
+    draws.append(m.draw(24, seed=1)[1])
+    for seed, inputs in enumerate(draws):
+        out, n = _solve_fused_on_cpu(inputs, PROMOTED, seed=seed)
+        idx, weights = _judge(problem, inputs, out)
+        assert idx.ok, idx.note
+        assert weights.ok and weights.max_error <= 0.5 * weights.allowance, weights
