@@ -31,7 +31,8 @@
 #   regrade    mkb regrade of the oracle's final kernels in mkb-h200.duckdb (REGRADE_PROBLEMS=p19,p25 for a slice,
 #              REGRADE_PROCESSES=3 for fewer processes per final grading),
 #              in the final-grading mode, reusing calibrate's baselines -> regrade_h200.json, mkb-h200.duckdb
-#   reference  the reference oracle protocol on REF_PROBLEMS        -> mkb-h200.duckdb (resumes the shipped
+#   reference  the reference oracle protocol on REF_PROBLEMS, trials whose problem, templates or toolchain changed
+#              run again (--rerun-stale)                              -> mkb-h200.duckdb (resumes the shipped
 #              artifact/results/mkb-h200.duckdb unless REF_FRESH=1)
 #   reproduce  `mkb reproduce` in its GPU form, the oracle on REF_PROBLEMS (resumes like reference): QA at
 #              smoke (CPU) and full scale (GPU), protocol, report  -> mkb-h200.duckdb, eager_h200.json
@@ -119,7 +120,7 @@ for stage in "$@"; do
           --json > "$OUT/regrade_$GPU.json" 2>> "$OUT/session.log"
         log "regrade exit $?" ;;
     reference) resume_db
-        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" \
+        $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" run-model reference --problems "${REF_PROBLEMS:-p28,p25}" --rerun-stale \
           --device cuda --concurrency "${REF_CONCURRENCY:-2}" 2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
     reproduce) resume_db
         $PY -m mkb --db "$OUT/mkb-$GPU.duckdb" reproduce --problems "${REF_PROBLEMS:-p28,p25}" 2>&1 \
