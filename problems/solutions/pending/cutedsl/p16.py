@@ -75,17 +75,30 @@ class RaggedPrefill:
         g2s = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), BFloat16,
                                   num_bits_per_copy=128)
 
+        # (sequence, tile in it) of this CTA's tile: 32 sequences a step, their tile counts summed by an
+        # inclusive shuffle scan; the tile lies in the first sequence whose running count passes it.
         batch = qo.shape[0] - 1
-        cum = Int32(0)
+        lane = tidx % 32
+        cum = Int32(0)                               # tiles before this step's 32 sequences
         bsel = Int32(-1)
         tsel = Int32(0)
-        for bb in range(batch):
-            n = (qo[bb + 1] - qo[bb] + QT - 1) // QT
+        for c0 in range(0, batch, 32):
+            n = Int32(0)
+            if c0 + lane < batch:
+                n = (qo[c0 + lane + 1] - qo[c0 + lane] + QT - 1) // QT
+            inc = n
+            for o in cutlass.range_constexpr(5):
+                up = cute.arch.shuffle_sync_up(inc, offset=1 << o)
+                if lane >= (1 << o):
+                    inc = inc + up
+            inc = inc + cum
+            cnt = cute.arch.popc(cute.arch.vote_ballot_sync(inc <= tile))
             if bsel < 0:
-                if tile < cum + n:
-                    bsel = bb
-                    tsel = tile - cum
-            cum = cum + n
+                if cnt < 32:
+                    ex = cute.arch.shuffle_sync(inc - n, offset=cnt)
+                    bsel = c0 + cnt
+                    tsel = tile - ex
+            cum = cute.arch.shuffle_sync(inc, offset=31)
         if bsel >= 0:
             q0 = qo[bsel]
             qlen = qo[bsel + 1] - q0
@@ -96,7 +109,6 @@ class RaggedPrefill:
             kend = i0 + nq + off                      # keys [0, kend) are seen by some row of the tile
             nblk = (kend + BN - 1) // BN
             wid = tidx // 32
-            lane = tidx % 32
             tq = lane % 4
 
             # Q tile (rows clamped to the last query) and key block 0: one cp.async group
@@ -254,9 +266,9 @@ def _prepare(q, k, v, qo_indptr, kv_indptr, sm_scale, arch=None):
     heads, dqk = q.shape[1], q.shape[2]
     kv_heads, dv = k.shape[1], v.shape[2]
     assert heads == kv_heads and dqk % 64 == 0 and dv % 16 == 0, "one K/V head per q head (MLA prefill)"
-    assert all(t.is_contiguous() for t in (q, k, v, qo_indptr, kv_indptr))
     key = (heads, dqk, dv, float(sm_scale))
-    if key not in _COMPILED:
+    if key not in _COMPILED:     # the problem's tensors come contiguous: checked once, passed as they are
+        assert all(t.is_contiguous() for t in (q, k, v, qo_indptr, kv_indptr))
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
         qr, kr, nb1 = (cute.sym_int() for _ in range(3))
         stream = make_fake_stream(use_tvm_ffi_env_stream=True)

@@ -89,6 +89,9 @@ def _make(H: int, DQK: int, DV: int, qscale: float):
         Qu = T.decl_buffer((qr, H, DQK // 2), "uint32", data=Q.data)
         OUTu = T.decl_buffer((qr, H, DV // 2), "uint32", data=OUT.data)
         sel = T.alloc_local((3,), "int32")          # cum, bsel, tsel
+        nn = T.alloc_local((1,), "int32")
+        inc = T.alloc_local((1,), "int32")
+        below = T.alloc_local((1,), "uint32")
         qa = T.alloc_local((NK * 4,), "uint32")     # Q A-fragments, 4 words per k16 step
         s = T.alloc_local((BN // 2,), "float32")    # S / P: n8 tile nt, element e at nt * 4 + e
         tmp = T.alloc_local((BN // 2,), "float32")
@@ -99,16 +102,28 @@ def _make(H: int, DQK: int, DV: int, qscale: float):
         corr = T.alloc_local((2,), "float32")
         bw = T.alloc_local((4,), "uint32")
         pa = T.alloc_local((4,), "uint32")
-        sel[0] = 0
+        # (sequence, tile in it) of this CTA's tile: 32 sequences a step, their tile counts summed by an
+        # inclusive shuffle scan; the tile lies in the first sequence whose running count passes it.
+        sel[0] = 0                                  # tiles before this step's 32 sequences
         sel[1] = -1
         sel[2] = 0
-        for bb in T.serial(nb1 - 1):
-            n: T.let = (QO[bb + 1] - QO[bb] + QT - 1) // QT
-            if sel[1] < 0:
-                if tile < sel[0] + n:
-                    sel[1] = bb
-                    sel[2] = tile - sel[0]
-            sel[0] = sel[0] + n
+        for c0 in T.serial((nb1 + 30) // 32):
+            nn[0] = 0
+            if c0 * 32 + tx % 32 < nb1 - 1:
+                nn[0] = (QO[c0 * 32 + tx % 32 + 1] - QO[c0 * 32 + tx % 32] + QT - 1) // QT
+            inc[0] = nn[0]
+            for o in T.unroll(5):
+                up: T.int32 = T.tvm_warp_shuffle_up(T.uint32(FULL), inc[0], T.shift_left(1, o), 32, 32)
+                if tx % 32 >= T.shift_left(1, o):
+                    inc[0] = inc[0] + up
+            inc[0] = inc[0] + sel[0]
+            below[0] = T.cuda.ballot_sync(T.uint32(FULL), inc[0] <= tile)
+            cnt: T.int32 = T.popcount(below[0])
+            if sel[1] < 0 and cnt < 32:
+                ex: T.int32 = T.tvm_warp_shuffle(T.uint32(FULL), inc[0] - nn[0], cnt, 32, 32)
+                sel[1] = c0 * 32 + cnt
+                sel[2] = tile - ex
+            sel[0] = T.tvm_warp_shuffle(T.uint32(FULL), inc[0], 31, 32, 32)
         if sel[1] >= 0:
             b: T.let = sel[1]
             q0: T.let = QO[b]
@@ -239,9 +254,9 @@ def _prepare(q, k, v, qo_indptr, kv_indptr, sm_scale, arch=None):
     heads, dqk = q.shape[1], q.shape[2]
     kv_heads, dv = k.shape[1], v.shape[2]
     assert heads == kv_heads and dqk % 64 == 0 and dv % 16 == 0, "one K/V head per q head (MLA prefill)"
-    assert all(t.is_contiguous() for t in (q, k, v, qo_indptr, kv_indptr))
     key = (heads, dqk, dv, float(sm_scale))
-    if key not in _COMPILED:
+    if key not in _COMPILED:     # the problem's tensors come contiguous: checked once, passed as they are
+        assert all(t.is_contiguous() for t in (q, k, v, qo_indptr, kv_indptr))
         qscale = float(sm_scale) * math.log2(math.e)
         _COMPILED[key] = (_build(_make(heads, dqk, dv, qscale), arch or _arch()),)
     return list(_COMPILED[key])
