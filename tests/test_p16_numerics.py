@@ -146,6 +146,80 @@ def test_full_replay_within_tolerance():
     assert r_out < 0.5 and r_lse < 0.7
 
 
+def test_tirx_fragment_plumbing_matches_ptx_semantics():
+    """The TIRx kernel's Q word loads, ldmatrix lane addresses (K plain, V .trans), register order into mma
+    m16n8k16 and P packing, run lane by lane under the PTX fragment layouts: S = Q K^T and O = S V per warp."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    BN, DQK, DV, KP, VP = 64, 192, 128, 200, 136
+    Q = rng.standard_normal((64, DQK)); K = rng.standard_normal((BN, DQK)); V = rng.standard_normal((BN, DV))
+    Ks = np.zeros((BN, KP)); Ks[:, :DQK] = K
+    Vs = np.zeros((BN, VP)); Vs[:, :DV] = V
+
+    def ldmatrix(smem, addr_of_lane, trans):
+        """addr_of_lane(l) -> (row, col) of the 8 contiguous elements lane l points at; returns regs[t][i] = 2 elems."""
+        mats = [np.array([smem[r, c:c + 8] for (r, c) in (addr_of_lane(8 * i + j) for j in range(8))]) for i in range(4)]
+        regs = [[None] * 4 for _ in range(32)]
+        for t in range(32):
+            for i in range(4):
+                M = mats[i].T if trans else mats[i]
+                regs[t][i] = (M[t // 4, 2 * (t % 4)], M[t // 4, 2 * (t % 4) + 1])
+        return regs
+
+    def mma(a, b, c):
+        """a[t] = 4 pairs, b[t] = 2 pairs, c[t] = 4 floats -> d[t]."""
+        A = np.zeros((16, 16)); B = np.zeros((16, 8)); C = np.zeros((16, 8))
+        for t in range(32):
+            g, tq = t // 4, t % 4
+            A[g, 2*tq:2*tq+2] = a[t][0]; A[g+8, 2*tq:2*tq+2] = a[t][1]
+            A[g, 2*tq+8:2*tq+10] = a[t][2]; A[g+8, 2*tq+8:2*tq+10] = a[t][3]
+            B[2*tq:2*tq+2, g] = b[t][0]; B[2*tq+8:2*tq+10, g] = b[t][1]
+            C[g, 2*tq:2*tq+2] = c[t][0:2]; C[g+8, 2*tq:2*tq+2] = c[t][2:4]
+        D = C + A @ B
+        return [[D[t//4, 2*(t%4)], D[t//4, 2*(t%4)+1], D[t//4+8, 2*(t%4)], D[t//4+8, 2*(t%4)+1]] for t in range(32)]
+
+    for w in range(4):
+        # Q A-fragments as the TIRx kernel loads them (uint32 word index kk*8 + tq -> cols 2*(kk*8+tq)..)
+        def qa(t, kk):
+            g, tq = (t % 32) // 4, t % 4
+            r_lo, r_hi = 16 * w + g, 16 * w + g + 8
+            word = lambda r, wi: (Q[r, 2 * wi], Q[r, 2 * wi + 1])
+            return [word(r_lo, kk*8+tq), word(r_hi, kk*8+tq), word(r_lo, kk*8+4+tq), word(r_hi, kk*8+4+tq)]
+        s = [[0.0] * 32 for _ in range(32)]           # s[t][nt*4+e]
+        for kk in range(DQK // 16):
+            for np_ in range(BN // 16):
+                regs = ldmatrix(Ks, lambda l: (np_*16 + (l // 16) * 8 + l % 8, kk*16 + ((l % 16) // 8) * 8), False)
+                a = [qa(t, kk) for t in range(32)]
+                d0 = mma(a, [(regs[t][0], regs[t][1]) for t in range(32)], [s[t][np_*8:np_*8+4] for t in range(32)])
+                d1 = mma(a, [(regs[t][2], regs[t][3]) for t in range(32)], [s[t][np_*8+4:np_*8+8] for t in range(32)])
+                for t in range(32):
+                    s[t][np_*8:np_*8+4] = d0[t]; s[t][np_*8+4:np_*8+8] = d1[t]
+        S = Q[16*w:16*w+16] @ K.T
+        for t in range(32):
+            g, tq = t // 4, t % 4
+            for nt in range(8):
+                for e in range(4):
+                    assert abs(s[t][nt*4+e] - S[g + 8*(e//2), nt*8 + 2*tq + e % 2]) < 1e-9
+        # P = S (any values), O = P V via the kernel's pa packing and ldmatrix.trans
+        o = [[0.0] * 64 for _ in range(32)]
+        for kk in range(BN // 16):
+            pa = [[(s[t][kk*8+0], s[t][kk*8+1]), (s[t][kk*8+2], s[t][kk*8+3]), (s[t][kk*8+4], s[t][kk*8+5]),
+                   (s[t][kk*8+6], s[t][kk*8+7])] for t in range(32)]
+            for np_ in range(DV // 16):
+                regs = ldmatrix(Vs, lambda l: (kk*16 + ((l % 16) // 8) * 8 + l % 8, np_*16 + (l // 16) * 8), True)
+                d0 = mma(pa, [(regs[t][0], regs[t][1]) for t in range(32)], [o[t][np_*8:np_*8+4] for t in range(32)])
+                d1 = mma(pa, [(regs[t][2], regs[t][3]) for t in range(32)], [o[t][np_*8+4:np_*8+8] for t in range(32)])
+                for t in range(32):
+                    o[t][np_*8:np_*8+4] = d0[t]; o[t][np_*8+4:np_*8+8] = d1[t]
+        O = S @ V
+        for t in range(32):
+            g, tq = t // 4, t % 4
+            for nt in range(16):
+                for e in range(4):
+                    assert abs(o[t][nt*4+e] - O[g + 8*(e//2), nt*8 + 2*tq + e % 2]) < 1e-8, (w, t, nt, e)
+        pass
+
+
 if __name__ == "__main__":
     import sys
     seed = int(sys.argv[1]) if len(sys.argv) > 1 else 1
