@@ -158,7 +158,8 @@ def test_tirx_fragment_plumbing_matches_ptx_semantics():
 
     def ldmatrix(smem, addr_of_lane, trans):
         """addr_of_lane(l) -> (row, col) of the 8 contiguous elements lane l points at; returns regs[t][i] = 2 elems."""
-        mats = [np.array([smem[r, c:c + 8] for (r, c) in (addr_of_lane(8 * i + j) for j in range(8))]) for i in range(4)]
+        rows = [[addr_of_lane(8 * i + j) for j in range(8)] for i in range(4)]
+        mats = [np.array([smem[r, c:c + 8] for (r, c) in rows[i]]) for i in range(4)]
         regs = [[None] * 4 for _ in range(32)]
         for t in range(32):
             for i in range(4):
