@@ -159,3 +159,19 @@ def test_promotion_moves_a_new_problem_up_only_with_both_dsls_and_a_replacement_
     keep, stay = plan([rec(shipped_pid, dsl), rec("p28", "cutedsl", where="solutions")])
     assert [r["kernel_file"] for r in keep] == [f"problems/solutions/{dsl}/{shipped_pid}.py",
                                                 "problems/solutions/cutedsl/p28.py"] and stay == []
+
+
+def test_a_record_knows_whether_its_file_changed_since_the_grading():
+    import hashlib
+
+    from validate_solutions import source_changed
+
+    pid, dsl = SHIPPED[0]
+    kernel_file = f"problems/solutions/{dsl}/{pid}.py"
+    digest = hashlib.sha256((ROOT / kernel_file).read_bytes()).hexdigest()
+    assert source_changed({"kernel_file": kernel_file, "kernel_sha256": digest}) is False
+    assert source_changed({"kernel_file": kernel_file, "kernel_sha256": "0" * 64}) is True
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if head and not subprocess.run(["git", "diff", "--quiet", "HEAD", "--", kernel_file], cwd=ROOT).returncode:
+        assert source_changed({"kernel_file": kernel_file, "versions": {"git_commit": head + "+dirty"}}) is False
+    assert source_changed({"kernel_file": kernel_file, "versions": {}}) is None

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from mkb import audit  # noqa: E402
 from mkb.problems import catalog_for  # noqa: E402
-from validate_solutions import CEILINGS_BY_GPU, gradings, markdown_table, shipped, sol_ms  # noqa: E402  (this directory)
+from validate_solutions import CEILINGS_BY_GPU, gradings, markdown_table, shipped, sol_ms, source_changed  # noqa: E402  (this directory)
 
 EXPERTS = {"p01", "p25", "p28", "p49", "p52", "p72"}
 """One fully fused DSL kernel per family (the others may keep GEMMs or glue in eager PyTorch)."""
@@ -224,11 +224,15 @@ def judged(key: str, records: list[dict]) -> list[str]:
     when = sorted({r["graded_at"][:10] for r in records if r.get("graded_at")})
     devices = ", ".join(sorted({r["device"] for r in records}))
     title = "## Graded by the judge" + ("" if key == "h200" else f" on the {key.upper()}")
+    changed = [f"{r['problem']} {r['dsl']}" for r in records if source_changed(r)]
     lines = ["", title, "",
              f"`mkb.judge.grade` (the `mkb verify` path) on the {devices}, full scale, paper timing, graded "
              f"{', '.join(when)}; records in `problems/solutions/{key}.json` (`artifact/generators/validate_solutions.py`). "
              f"{sum(r['status'] == 'passed' for r in records)} of {len(records)} graded variants passed.",
              "", markdown_table(records)]
+    if changed:
+        lines += ["", "Changed since their grading (their file differs from the one graded; to be graded again): "
+                  + ", ".join(changed) + "."]
     if banded:
         lines += ["", "Failed by the trusted-clock band of the judge's timing cross-check, recalibrated after this "
                   "run (0.1 ms -> 0.3 ms floor, plus a device-busy-time check; docs/judge.md); to be graded again: "

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,6 +72,27 @@ def gradings() -> dict[str, list[dict]]:
     """Every GPU's records of the shipped solutions: {'h200': [...], 'h100': [...]} from problems/solutions/<gpu>.json."""
     return {path.stem: json.loads(path.read_text()) for path in sorted(SOLUTIONS.glob("*.json"))
             if "_" not in path.stem}   # not h200_strict.json (another policy) nor h200_standalone_check.json
+
+
+def source_changed(record: dict) -> bool | None:
+    """Whether the solution file changed since this record graded it: by its kernel_sha256, or for records without
+    one by the file at the record's commit (shipped path, or the pending path it was graded from); None if unknown."""
+    path = ROOT / record["kernel_file"]
+    if not path.exists():
+        return None
+    now = path.read_bytes()
+    if record.get("kernel_sha256"):
+        return hashlib.sha256(now).hexdigest() != record["kernel_sha256"]
+    commit = str((record.get("versions") or {}).get("git_commit") or "").removesuffix("+dirty")
+    if not commit:
+        return None
+    # graded from the shipped path, or from pending/ before it moved up (both may exist at that commit: the
+    # graded one is whichever equals today's file, if either does)
+    pending = record["kernel_file"].replace("problems/solutions/", "problems/solutions/pending/", 1)
+    seen = [subprocess.run(["git", "show", f"{commit}:{where}"], cwd=ROOT, capture_output=True)
+            for where in (record["kernel_file"], pending)]
+    then = [r.stdout for r in seen if r.returncode == 0]
+    return None if not then else now not in then
 
 
 def rescore(records: list[dict], infos: dict, ceilings: dict | None) -> list[dict]:
@@ -197,7 +220,8 @@ def main() -> int:
                    eager_ms=rec.eager_ms, problem_dtype=info.dtype, sol_flops=info.sol_flops,
                    sol_bytes=info.sol_bytes, device=gpu or rec.device,
                    versions=env, graded_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                   kernel_file=str(path.relative_to(ROOT)))
+                   kernel_file=str(path.relative_to(ROOT)),
+                   kernel_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
         rescore([row], infos, ceilings)
         records = [r for r in records if not (r.get("problem") == pid and r.get("dsl") == dsl)] + [row]
         records.sort(key=lambda r: (r.get("problem", ""), r.get("dsl", "")))
