@@ -29,7 +29,6 @@ import argparse
 import datetime as dt
 import hashlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -75,24 +74,12 @@ def gradings() -> dict[str, list[dict]]:
 
 
 def source_changed(record: dict) -> bool | None:
-    """Whether the solution file changed since this record graded it: by its kernel_sha256, or for records without
-    one by the file at the record's commit (shipped path, or the pending path it was graded from); None if unknown."""
+    """Whether the solution file changed since this record graded it (its kernel_sha256 against today's file);
+    None when the record has no digest or the file is gone."""
     path = ROOT / record["kernel_file"]
-    if not path.exists():
+    if not record.get("kernel_sha256") or not path.exists():
         return None
-    now = path.read_bytes()
-    if record.get("kernel_sha256"):
-        return hashlib.sha256(now).hexdigest() != record["kernel_sha256"]
-    commit = str((record.get("versions") or {}).get("git_commit") or "").removesuffix("+dirty")
-    if not commit:
-        return None
-    # graded from the shipped path, or from pending/ before it moved up (both may exist at that commit: the
-    # graded one is whichever equals today's file, if either does)
-    pending = record["kernel_file"].replace("problems/solutions/", "problems/solutions/pending/", 1)
-    seen = [subprocess.run(["git", "show", f"{commit}:{where}"], cwd=ROOT, capture_output=True)
-            for where in (record["kernel_file"], pending)]
-    then = [r.stdout for r in seen if r.returncode == 0]
-    return None if not then else now not in then
+    return hashlib.sha256(path.read_bytes()).hexdigest() != record["kernel_sha256"]
 
 
 def rescore(records: list[dict], infos: dict, ceilings: dict | None) -> list[dict]:
