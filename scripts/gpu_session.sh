@@ -10,7 +10,7 @@
 # call for ~30 s is given back, with the job and its files) and pack the records into $OUT/job.tar.gz
 # (a call brings back at most 8 files). A job started with a plain `&` dies with the call that started it.
 # Stages (each writes its own files under $OUT; logs in $OUT/session.log):
-#   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family) -> qa_full.json, eager_h200.json
+#   qa         full-scale problem QA on the GPU (QA_FAMILY=moe for one family, QA_PROBLEMS=p38,p48 for some) -> qa_full.json, eager_h200.json
 #   solutions  shipped solutions through the judge (SOL_PROBLEMS=p28,p25 SOL_DSL=tirx for a slice; SOL_PENDING=1
 #              adds problems/solutions/pending/, not yet graded on a GPU) -> <gpu>.json (h200.json on the
 #              H200, h100.json on an H100: the GPU names the records file)
@@ -83,7 +83,7 @@ for stage in "$@"; do
   log "stage $stage"
   case $stage in
     qa) [ ! -f "problems/eager_$GPU.json" ] || cp "problems/eager_$GPU.json" "$OUT/eager_$GPU.json"   # other rows kept
-        $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check --scale full --device cuda --record --json \
+        $PY -m mkb --db /tmp/mkb-home/qa.duckdb problems check ${QA_PROBLEMS//,/ } --scale full --device cuda --record --json \
           ${QA_FAMILY:+--family $QA_FAMILY} > "$OUT/qa_full.json" 2>> "$OUT/session.log"
         $PY artifact/generators/eager_table.py "$OUT/qa_full.json" "$OUT/eager_$GPU.json" 2>&1 | tee -a "$OUT/session.log" ;;
     solutions) [ -f "$OUT/$GPU.json" ] || [ ! -f "problems/solutions/$GPU.json" ] \
