@@ -8,7 +8,8 @@ JOB_RECORDS.json is what the `solutions` stage of scripts/gpu_session.sh wrote (
 with `dsl_check: passed`, and -- for a problem not shipped yet -- its other DSL passed too (a replacement of a shipped
 file moves up alone). The moved variants' records, with kernel_file rewritten to the shipped path, and the records
 of shipped files graded in the job replace that GPU's older records in problems/solutions/<gpu>.json. Records of
-pending variants that stay pending are not kept there (they are in the job's file and log). Then run
+pending variants that stay pending are not kept there (they are in the job's file and log); other GPUs' records of a
+replaced file are dropped (they graded a file no longer shipped; git history keeps them). Then run
 artifact/generators/solutions_table.py.
 """
 
@@ -84,6 +85,16 @@ def main() -> int:
     merged = sorted([r for r in old if (r["problem"], r["dsl"]) not in fresh] + keep,
                     key=lambda r: (r["problem"], r["dsl"]))
     target.write_text(json.dumps(merged, indent=1) + "\n")
+    replaced = {(r["problem"], r["dsl"]) for r in moved}
+    for other in SOLUTIONS.glob("*.json"):   # other GPUs' gradings of a replaced file describe a file no longer shipped
+        if other == target or "_" in other.stem or not replaced:
+            continue
+        rows = json.loads(other.read_text())
+        kept = [r for r in rows if (r["problem"], r["dsl"]) not in replaced]
+        if len(kept) != len(rows):
+            other.write_text(json.dumps(kept, indent=1) + "\n")
+            print(f"{len(rows) - len(kept)} records of replaced files dropped from {other.relative_to(ROOT)} "
+                  "(in git history)")
     print(f"{len(moved)} moved up, {len(stay)} stay pending; {len(keep)} records into {target.relative_to(ROOT)}")
     return 0
 

@@ -46,6 +46,15 @@ CEILINGS_BY_GPU = {
                 "(~4.3 TB/s, ~790 TFLOP/s); fp8 = 2x bf16; fp32 = CUDA-core FMA rate. SOL time = "
                 "max(flops / rate(problem DTYPE), bytes / bandwidth).",
     },
+    "h100": {
+        "hbm_bytes_per_s": 3.0e12,
+        "flops_per_s": {"bf16": 760e12, "fp16": 760e12, "fp8": 1500e12, "fp32": 52e12, "uint8": 760e12,
+                        "int8": 1500e12},
+        "note": "H100 80GB HBM3 (SXM): a 2 GiB device copy (3.0 TB/s), 8192^3 bf16 GEMM (760 TFLOP/s) and fp32 GEMM "
+                "(52 TFLOP/s) measured on the lent H100 on 2026-12-07 (artifact/generators/measure_ceilings.py, "
+                "artifact/judge/ceilings_h100_2026-12-07.json; fp8 measured 1436 TFLOP/s, the rule 2x bf16 kept). "
+                "SOL time = max(flops / rate(problem DTYPE), bytes / bandwidth).",
+    },
 }
 """Speed-of-light ceilings per GPU (the records file's name), each measured on that GPU; a GPU missing here has
 no SOL figures until measured (artifact/generators/measure_ceilings.py writes the numbers to put here)."""
@@ -201,7 +210,8 @@ def main() -> int:
         rec = grade(info, path, dsl, device=args.device, timing=args.timing, timeout_s=args.timeout,
                     scale=args.scale, settings=settings)
         row = rec.model_dump(mode="json")
-        row["log_tail"] = row.get("log_tail", "")[-2000:]
+        log = row.get("log_tail", "")   # the error's first lines and its last ones (a C++ abort's frames fill the end)
+        row["log_tail"] = log if len(log) <= 4000 else log[:2000] + "\n[...]\n" + log[-2000:]
         row.update(problem=pid, dsl=dsl, status=str(rec.status), speedup=rec.speedup, kernel_ms=rec.kernel_ms,
                    dsl_policy=args.dsl_policy, dsl_share=rec.details.get("dsl_share"),
                    eager_ms=rec.eager_ms, problem_dtype=info.dtype, sol_flops=info.sol_flops,

@@ -7,10 +7,13 @@ e4m3(clamp(x / scale)) with IEEE divisions (div.rn.f32), bit for bit as the refe
 Kernel 2 (BlockQuant, from p56): W [N, K] in 128x128 blocks (the blocks of W.T are those of W transposed,
 so the problem's W.T quantization gives the same codes, stored N-major as the GEMM reads them): one CTA
 per block, 64 elements per thread in registers, CTA absmax, codes x / scale.
-Kernel 3 (Fp8BlockGemm, the shipped p52 core unchanged): 64x128 CTA tiles, K blocks of 128 (= one scale
-block): TMA loads into a 4-stage mbarrier pipeline, four WGMMA m64n128k32 e4m3 x e4m3 -> fp32 per K block
-into a scratch accumulator, promoted into the fp32 main accumulator with x_scale[row, kb] *
-w_scale[n-block, kb].  Epilogue: + bias in fp32, one rounding to bf16.
+Kernel 3 (Fp8GemmWS): a persistent, warp-specialised GEMM over 128x128 output tiles in grouped order (16
+row tiles walk the column tiles together, so A and B bands are reused in L2): one producer warp issues
+the TMA loads of A (128 x 128) and B (128 x 128) into a 6-stage mbarrier ring and runs ahead across
+tiles; two consumer warpgroups (64 rows each, setmaxnreg 232 / 40) issue four WGMMA m64n128k32 e4m3 x
+e4m3 -> fp32 per 128-wide K block into a scratch fragment, wait, hand the stage back, and promote it into
+the fp32 accumulator with x_scale[row, kb] * w_scale[n-block, kb] (the shipped kernel's arithmetic and
+order).  Epilogue: + bias in fp32, one rounding to bf16, stored as bf16 pairs.
 fp8 tensors travel as uint8 views and are re-typed to e4m3 inside the kernels; torch only allocates.
 """
 import torch
@@ -29,6 +32,13 @@ FP8_MAX = 448.0
 MIN_AMAX = 1e-12
 THREADS = 256
 WARPS = THREADS // 32
+TILE_M, TILE_N = 128, 128         # output tile per CTA; K block 128 = one scale block
+STAGES = 6                        # 6 x 32 KB of A + B tiles in shared memory
+GROUP = 16                        # row tiles per raster group
+THREADS_WS = 384                  # producer warpgroup + two consumer warpgroups
+CONSUMER_WARPS = 8
+PRODUCER_REGS, CONSUMER_REGS = 40, 232
+H200_SMS = 132                    # multiprocessors of the target when compiling without a GPU
 
 
 def _codes(y, scale):
@@ -112,13 +122,18 @@ class BlockQuant:
             cute.autovec_copy(rq, cute.zipped_divide(codes[nb * BLOCK + j // 16, None], (8,))[None, kb * 16 + j % 16])
 
 
-class Fp8BlockGemm:
-    """C(M,N) = (A(M,K) e4m3 * sa) @ (B(N,K) e4m3 * sb)^T [+ bias], 1x128 / 128x128 block scales."""
+class Fp8GemmWS:
+    """C(M,N) = (A(M,K) e4m3 * sa) @ (B(N,K) e4m3 * sb)^T + bias: persistent, warp-specialised, 128x128 tiles.
 
-    def __init__(self, with_bias: bool, stages: int = 4):
-        self.bm, self.bn = 64, 128
-        self.stages = stages
-        self.with_bias = with_bias
+    Warpgroup 0 loads (warp 0 issues the TMA copies of A and B into a STAGES-deep mbarrier ring); warpgroups
+    1 and 2 each own 64 rows of the tile: per 128-wide K block four WGMMA m64n128k32 into a zeroed scratch
+    fragment, wait, release the stage, promote into the fp32 accumulator with sa[row, kb] * sb[n-block, kb].
+    """
+
+    def __init__(self, sms: int):
+        self.bm, self.bn = TILE_M, TILE_N
+        self.stages = STAGES
+        self.sms = sms
 
     @cute.jit
     def __call__(self, mA8: cute.Tensor, mSA: cute.Tensor, mB8: cute.Tensor, mSB: cute.Tensor,
@@ -128,8 +143,8 @@ class Fp8BlockGemm:
         mB = cute.make_tensor(cute.recast_ptr(mB8.iterator, dtype=f8), mB8.layout)
         a_l, b_l = utils.LayoutEnum.from_tensor(mA), utils.LayoutEnum.from_tensor(mB)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            f8, f8, a_l.sm90_mma_major_mode(), b_l.sm90_mma_major_mode(), Float32, (1, 1, 1),
-            tiler_mn=(64, self.bn))
+            f8, f8, a_l.sm90_mma_major_mode(), b_l.sm90_mma_major_mode(), Float32, (2, 1, 1),
+            tiler_mn=(64, self.bn))                                  # two warpgroups stacked along M
         bk = cute.size(tiled_mma.shape_mnk, mode=[2]) * 4          # 4 x k32 = 128 = one scale block
         tile = (self.bm, self.bn, bk)
         sA_l = sm90_utils.make_smem_layout_a(a_l, tile, f8, self.stages)
@@ -147,16 +162,18 @@ class Fp8BlockGemm:
         self.smem_t = Smem
         self.ab_dtype = f8
         self.tile = tile
-        grid = (cute.ceil_div(mC.shape[0], self.bm), cute.ceil_div(mC.shape[1], self.bn), 1)
+        tiles = cute.ceil_div(mC.shape[0], self.bm) * (mC.shape[1] // self.bn)
         self.kernel(tma_a, gA_tma, tma_b, gB_tma, mSA, mSB, mBias, mC, tiled_mma, sA_l, sB_l).launch(
-            grid=grid, block=[128, 1, 1], stream=stream)
+            grid=[cutlass.min(tiles, self.sms), 1, 1], block=[THREADS_WS, 1, 1], min_blocks_per_mp=1,
+            stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
                mSA: cute.Tensor, mSB: cute.Tensor, mBias: cute.Tensor, mC: cute.Tensor, tiled_mma: cute.TiledMma,
                sA_l: cute.ComposedLayout, sB_l: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        bm, bn, _ = cute.arch.block_idx()
+        bid, _, _ = cute.arch.block_idx()
+        nctas, _, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             cpasync.prefetch_descriptor(tma_a)
@@ -167,79 +184,110 @@ class Fp8BlockGemm:
         pipe = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_WARPS),
             tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
         sA = storage.sA.get_tensor(sA_l.outer, swizzle=sA_l.inner)
         sB = storage.sB.get_tensor(sB_l.outer, swizzle=sB_l.inner)
-        gA = cute.local_tile(mA, self.tile, (bm, bn, None), proj=(1, None, 1))
-        gB = cute.local_tile(mB, self.tile, (bm, bn, None), proj=(None, 1, 1))
-        gC = cute.local_tile(mC, self.tile, (bm, bn, None), proj=(1, 1, None))
-        tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1),
-                                           cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
-        tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1),
-                                           cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
-        thr_mma = tiled_mma.get_slice(tidx)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
-        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        tCgC = thr_mma.partition_C(gC)
-        cC = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mC.shape), self.tile,
-                                                 (bm, bn, None), proj=(1, 1, None)))
-        acc = cute.make_rmem_tensor(tCgC.shape, Float32)
-        tmp = cute.make_rmem_tensor(tCgC.shape, Float32)
-        acc.fill(0.0)
-        # this thread's two accumulator rows (m64 fragments: rows r0 and r0 + 8)
-        r0 = cutlass.min(cutlass.min(cC[0][0], cC[1][0]), cutlass.min(cC[2][0], cC[3][0]))
-        ra = cutlass.min(r0, mC.shape[0] - 1)
-        rb = cutlass.min(r0 + 8, mC.shape[0] - 1)
-        k_tiles = cute.size(gA, mode=[2])
-        prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-        cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-        if warp == 0:
-            for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
-                pipe.producer_acquire(prod)
-                cute.copy(tma_a, tAgA[(None, prod.count)], tAsA[(None, prod.index)],
-                          tma_bar_ptr=pipe.producer_get_barrier(prod))
-                cute.copy(tma_b, tBgB[(None, prod.count)], tBsB[(None, prod.index)],
-                          tma_bar_ptr=pipe.producer_get_barrier(prod))
-                pipe.producer_commit(prod)
-                prod.advance()
-        for kt in cutlass.range(k_tiles, unroll=1):
-            sbv = mSB[bn, kt]
-            s0 = mSA[ra, kt] * sbv
-            s1 = mSA[rb, kt] * sbv
-            pipe.consumer_wait(cons)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
-            warpgroup.fence()
-            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(tiled_mma, tmp, tCrA[None, None, kb, cons.index], tCrB[None, None, kb, cons.index], tmp)
-                tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            pipe.consumer_release(cons)
-            cons.advance()
-            if warp == 0 and prod.count < k_tiles:
-                pipe.producer_acquire(prod)
-                cute.copy(tma_a, tAgA[(None, prod.count)], tAsA[(None, prod.index)],
-                          tma_bar_ptr=pipe.producer_get_barrier(prod))
-                cute.copy(tma_b, tBgB[(None, prod.count)], tBsB[(None, prod.index)],
-                          tma_bar_ptr=pipe.producer_get_barrier(prod))
-                pipe.producer_commit(prod)
-                prod.advance()
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                sc = s1
-                if cC[i][0] == r0:
-                    sc = s0
-                acc[i] = acc[i] + tmp[i] * sc
-        if cutlass.const_expr(self.with_bias):
-            mBiasMN = cute.make_tensor(mBias.iterator, cute.make_layout(mC.shape, stride=(0, 1)))
-            tBias = thr_mma.partition_C(cute.local_tile(mBiasMN, self.tile, (bm, bn, None), proj=(1, 1, None)))
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                if cute.elem_less(cC[i], mC.shape):
-                    tCgC[i] = (acc[i] + tBias[i].to(Float32)).to(mC.element_type)
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                if cute.elem_less(cC[i], mC.shape):
-                    tCgC[i] = acc[i].to(mC.element_type)
+        gA = cute.local_tile(mA, (self.bm, self.tile[2]), (None, None))      # (bm, bk, m tiles, k tiles)
+        gB = cute.local_tile(mB, (self.bn, self.tile[2]), (None, None))
+        m_tiles = cute.ceil_div(mC.shape[0], self.bm)
+        n_tiles = mC.shape[1] // self.bn
+        tiles = m_tiles * n_tiles
+        k_tiles = cute.size(gA, mode=[3])
+        if warp < 4:                                                       # producer warpgroup
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == 0:
+                tAsA, tAgA = cpasync.tma_partition(tma_a, 0, cute.make_layout(1),
+                                                   cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+                tBsB, tBgB = cpasync.tma_partition(tma_b, 0, cute.make_layout(1),
+                                                   cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
+                prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                t = cutlass.Int32(bid)
+                while t < tiles:
+                    mt, nt = _tile_coords(t, m_tiles, n_tiles)
+                    for kt in cutlass.range(k_tiles, unroll=1):
+                        pipe.producer_acquire(prod)
+                        cute.copy(tma_a, tAgA[(None, mt, kt)], tAsA[(None, prod.index)],
+                                  tma_bar_ptr=pipe.producer_get_barrier(prod))
+                        cute.copy(tma_b, tBgB[(None, nt, kt)], tBsB[(None, prod.index)],
+                                  tma_bar_ptr=pipe.producer_get_barrier(prod))
+                        pipe.producer_commit(prod)
+                        prod.advance()
+                    t = t + nctas
+                pipe.producer_tail(prod)
+        else:                                                              # two consumer warpgroups
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            thr_mma = tiled_mma.get_slice(tidx - 128)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            cT = thr_mma.partition_C(cute.make_identity_tensor((self.bm, self.bn)))
+            _check_fragment(cT)
+            acc = cute.make_rmem_tensor(cT.shape, Float32)
+            tmp = cute.make_rmem_tensor(cT.shape, Float32)
+            r0 = cT[0][0]
+            c0 = cT[0][1]
+            rows = mC.shape[0]
+            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            t = cutlass.Int32(bid)
+            while t < tiles:
+                mt, nt = _tile_coords(t, m_tiles, n_tiles)
+                row0 = mt * self.bm + r0
+                ra = cutlass.min(row0, rows - 1)
+                rb = cutlass.min(row0 + 8, rows - 1)
+                acc.fill(0.0)
+                for kt in cutlass.range(k_tiles, unroll=1):
+                    sbv = mSB[nt, kt]
+                    sa0 = mSA[ra, kt]
+                    sa1 = mSA[rb, kt]
+                    pipe.consumer_wait(cons)
+                    tiled_mma.set(warpgroup.Field.ACCUMULATE, False)
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+                        cute.gemm(tiled_mma, tmp, tCrA[None, None, kb, cons.index],
+                                  tCrB[None, None, kb, cons.index], tmp)
+                        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(0)
+                    pipe.consumer_release(cons)
+                    cons.advance()
+                    s0 = sa0 * sbv
+                    s1 = sa1 * sbv
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        if cutlass.const_expr((i // 2) % 2 == 0):
+                            acc[i] = acc[i] + tmp[i] * s0
+                        else:
+                            acc[i] = acc[i] + tmp[i] * s1
+                for h in cutlass.range_constexpr(2):                      # epilogue: + bias, bf16 pairs
+                    row = row0 + 8 * h
+                    if row < rows:
+                        crow = cute.zipped_divide(mC[row, None], (2,))
+                        for c in cutlass.range_constexpr(cute.size(acc) // 4):
+                            col = nt * self.bn + c0 + 8 * c
+                            rb2 = cute.make_rmem_tensor((2,), mBias.element_type)
+                            cute.autovec_copy(cute.zipped_divide(mBias, (2,))[None, col // 2], rb2)
+                            ro = cute.make_rmem_tensor((2,), mC.element_type)
+                            for j in cutlass.range_constexpr(2):
+                                ro[j] = (acc[4 * c + 2 * h + j] + rb2[j].to(Float32)).to(mC.element_type)
+                            cute.autovec_copy(ro, crow[None, col // 2])
+                t = t + nctas
+
+
+def _check_fragment(cT):
+    """The promotion and the epilogue index the accumulator by position: element i = j + 2h + 4c of a thread's
+    m64n128 fragment sits at tile row r0 + 8h, column c0 + 8c + j (checked while tracing)."""
+    if str(cT.layout) != "((2,2,16),1,1):((1@1,8@0,8@1),0,0)":
+        raise ValueError(f"unexpected WGMMA accumulator layout {cT.layout}")
+
+
+def _tile_coords(t, m_tiles, n_tiles):
+    """Tile t's (m tile, n tile) in grouped order: GROUP m tiles walk the n tiles together, so the CTAs resident
+    at once share GROUP row bands of A and a few column bands of B in L2."""
+    per = GROUP * n_tiles
+    g = t // per
+    first = g * GROUP
+    gm = cutlass.min(m_tiles - first, GROUP)
+    r = t - g * per
+    return first + r % gm, r // gm
 
 
 _COMPILED = {}
@@ -280,7 +328,8 @@ def _prepare(x, weight, bias, arch=None):
                                    make_fake_compact_tensor(u8, (n, k), stride_order=(1, 0), assumed_align=16),
                                    make_fake_compact_tensor(Float32, (n // BLOCK, k // BLOCK), stride_order=(1, 0)),
                                    stream, options=opts)
-        gemm = cute.compile(Fp8BlockGemm(with_bias=True), *_fake_gemm_args(k, n), options=opts)
+        sms = H200_SMS if arch else torch.cuda.get_device_properties(0).multi_processor_count
+        gemm = cute.compile(Fp8GemmWS(sms), *_fake_gemm_args(k, n), options=opts)
         _COMPILED[(k, n)] = (row_quant, block_quant, gemm)
     return list(_COMPILED[(k, n)])
 

@@ -33,87 +33,134 @@ def _noop_barrier(reg):
 
 
 BLOCK = 128
-BM, BN, BK = 64, 128, 128          # BK = one 128-byte swizzle row of fp8 = one scale block
-NACC = BM * BN // 128
+BM, BN, BK = 128, 128, 128         # output tile per CTA; BK = one 128-byte swizzle row of fp8 = one scale block
+STAGES = 6                         # 6 x 32 KB of A + B tiles in dynamic shared memory
+GROUP = 16                         # row tiles per raster group
+NACC = 64 * BN // 128              # accumulator floats per thread (m64n128 per consumer warpgroup)
+CONSUMER_WARPS = 8
+H200_SMS = 132                     # multiprocessors of the target when compiling without a GPU
 WGMMA = "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3"
 TMA_LOAD = "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
 SWIZZLE_128B = 3
 
 
-@T.prim_func
-def fp8_gemm_bias(a: T.handle, sa: T.handle, b: T.handle, sb: T.handle, bias: T.handle, c: T.handle):
-    M = T.int32()
-    N = T.int32()
-    K = T.int32()
-    KB = T.int32()
-    NB = T.int32()
-    A = T.match_buffer(a, (M, K), "uint8", align=16)          # fp8 e4m3 bytes
-    SA = T.match_buffer(sa, (M, KB), "float32")
-    B = T.match_buffer(b, (N, K), "uint8", align=16)
-    SB = T.match_buffer(sb, (NB, KB), "float32")
-    BIAS = T.match_buffer(bias, (N,), "bfloat16")
-    C = T.match_buffer(c, (M, N), "bfloat16", align=16)
-    A_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
-    T.call_packed("runtime.cuTensorMapEncodeTiled", A_map, "uint8", 2, A.data,
-                  K, M, K, BK, BM, 1, 1, 0, SWIZZLE_128B, 0, 0)
-    B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
-    T.call_packed("runtime.cuTensorMapEncodeTiled", B_map, "uint8", 2, B.data,
-                  K, N, K, BK, BN, 1, 1, 0, SWIZZLE_128B, 0, 0)
-    T.device_entry()
-    bn, bm = T.cta_id([T.ceildiv(N, BN), T.ceildiv(M, BM)])
-    tx = T.thread_id([128])
-    A_s = T.alloc_buffer((BM, BK), "uint8", scope="shared", align=1024)
-    B_s = T.alloc_buffer((BN, BK), "uint8", scope="shared", align=1024)
-    bar = T.shared_scalar("uint64")
-    phase = T.alloc_local((1,), "int32")
-    acc = T.alloc_buffer((NACC,), "float32", scope="local")
-    tmp = T.alloc_buffer((NACC,), "float32", scope="local")
-    scl = T.alloc_local((2,), "float32")
-    descA = T.alloc_local((1,), "uint64")
-    descB = T.alloc_local((1,), "uint64")
-    r0: T.let = bm * BM + (tx % 32) // 4 + (tx // 32) * 16
-    if tx == 0:
-        T.ptx.mbarrier.init.shared.b64(T.address_of(bar), T.uint32(1))
-    T.ptx.fence.proxy.async_.shared__cta()
-    T.cuda.cta_sync()
-    phase[0] = 0
-    for i in T.unroll(NACC):
-        acc[i] = T.float32(0)
-    for kt in T.serial(T.ceildiv(K, BK)):
+def _make_gemm(sms: int):
+    """The persistent warp-specialised FP8 GEMM + bias for a GPU with sms multiprocessors."""
+
+    @T.prim_func
+    def fp8_gemm_bias(a: T.handle, sa: T.handle, b: T.handle, sb: T.handle, bias: T.handle, c: T.handle):
+        M = T.int32()
+        N = T.int32()
+        K = T.int32()
+        KB = T.int32()
+        NB = T.int32()
+        A = T.match_buffer(a, (M, K), "uint8", align=16)          # fp8 e4m3 bytes
+        SA = T.match_buffer(sa, (M, KB), "float32")
+        B = T.match_buffer(b, (N, K), "uint8", align=16)
+        SB = T.match_buffer(sb, (NB, KB), "float32")
+        BIAS = T.match_buffer(bias, (N,), "bfloat16")
+        C = T.match_buffer(c, (M, N), "bfloat16", align=16)
+        A_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", A_map, "uint8", 2, A.data,
+                      K, M, K, BK, BM, 1, 1, 0, SWIZZLE_128B, 0, 0)
+        B_map: T.let[T.handle("tensormap")] = T.tvm_stack_alloca("tensormap", 1)
+        T.call_packed("runtime.cuTensorMapEncodeTiled", B_map, "uint8", 2, B.data,
+                      K, N, K, BK, BN, 1, 1, 0, SWIZZLE_128B, 0, 0)
+        T.device_entry()
+        MT = T.meta_var(T.ceildiv(M, BM))
+        NT = T.meta_var(N // BN)
+        KT = T.meta_var(T.ceildiv(K, BK))
+        GRID = T.meta_var(T.min(MT * NT, sms))
+        bx = T.cta_id([T.min(MT * NT, sms)])
+        tx = T.thread_id([384])
+        pool = T.SMEMPool()
+        A_s = pool.alloc((STAGES, BM, BK), "uint8", align=1024)
+        B_s = pool.alloc((STAGES, BN, BK), "uint8", align=1024)
+        bars = pool.alloc((2 * STAGES,), "uint64", align=8)        # full[s], then empty[s]
+        pool.commit()
+        tile = T.alloc_local((2,), "int32")                          # (m tile, n tile) of the current tile
+        acc = T.alloc_buffer((NACC,), "float32", scope="local")
+        tmp = T.alloc_buffer((NACC,), "float32", scope="local")
+        scl = T.alloc_local((2,), "float32")
+        descA = T.alloc_local((1,), "uint64")
+        descB = T.alloc_local((1,), "uint64")
         if tx == 0:
-            T.ptx[TMA_LOAD](A_s.data, T.address_of(A_map), kt * BK, bm * BM, T.address_of(bar))
-            T.ptx[TMA_LOAD](B_s.data, T.address_of(B_map), kt * BK, bn * BN, T.address_of(bar))
-            T.ptx.mbarrier.arrive.expect_tx.shared.b64(T.address_of(bar), T.uint32((BM + BN) * BK))
-        sbv: T.float32 = SB[(bn * BN) // BLOCK, kt]
-        scl[0] = SA[T.min(r0, M - 1), kt] * sbv
-        scl[1] = SA[T.min(r0 + 8, M - 1), kt] * sbv
-        for i in T.unroll(NACC):
-            tmp[i] = T.float32(0)
-        T.cuda.mbarrier_wait(T.address_of(bar), phase[0])
-        phase[0] = phase[0] ^ 1
-        for i in T.unroll(NACC):
-            T.cuda.wgmma.noop_barrier(tmp[i])
-        T.ptx.wgmma.fence.sync.aligned()
-        for kk in T.unroll(BK // 32):      # 32 fp8 = 32 bytes per k32 step inside the swizzled row
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA[0]), A_s.ptr_to([0, kk * 32]), 1, 64, SWIZZLE_128B)
-            T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB[0]), B_s.ptr_to([0, kk * 32]), 1, 64, SWIZZLE_128B)
-            T.ptx[WGMMA](*[tmp[i] for i in range(NACC)], descA[0], descB[0], T.bool(True), 1, 1)
-        T.ptx.wgmma.commit_group.sync.aligned()
-        T.ptx.wgmma.wait_group.sync.aligned(0)
-        for i in T.unroll(NACC):
-            T.cuda.wgmma.noop_barrier(tmp[i])
-        T.cuda.cta_sync()              # smem is reused by the next TMA load
-        for i in T.unroll(NACC // 4):  # promote: fragment element (i, h, j) is row r0 + 8h, col 8i + 2(tx%4) + j
-            for h in T.unroll(2):
-                for j in T.unroll(2):
-                    acc[i * 4 + h * 2 + j] = acc[i * 4 + h * 2 + j] + tmp[i * 4 + h * 2 + j] * scl[h]
-    for i in T.unroll(NACC // 4):
-        for h in T.unroll(2):
-            for j in T.unroll(2):
-                row = T.meta_var(r0 + h * 8)
-                col = T.meta_var(bn * BN + i * 8 + (tx % 4) * 2 + j)
-                if row < M and col < N:
-                    C[row, col] = T.Cast("bfloat16", acc[i * 4 + h * 2 + j] + T.Cast("float32", BIAS[col]))
+            for s in T.unroll(STAGES):
+                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([s]), T.uint32(1))
+                T.ptx.mbarrier.init.shared.b64(bars.ptr_to([STAGES + s]), T.uint32(CONSUMER_WARPS))
+        T.ptx.fence.proxy.async_.shared__cta()
+        T.cuda.cta_sync()
+        if tx < 128:                                                  # producer warpgroup
+            T.ptx.setmaxnreg.dec.sync.aligned.u32(40)
+            if tx == 0:
+                for i in T.serial(T.ceildiv(MT * NT - bx, GRID)):
+                    _tile_coords(tile, bx + i * GRID, MT, NT)
+                    for kt in T.serial(KT):
+                        it = T.meta_var(i * KT + kt)
+                        T.cuda.mbarrier_wait(bars.ptr_to([STAGES + it % STAGES]), ((it // STAGES) & 1) ^ 1)
+                        T.ptx.mbarrier.arrive.expect_tx.shared.b64(bars.ptr_to([it % STAGES]),
+                                                                   T.uint32((BM + BN) * BK))
+                        T.ptx[TMA_LOAD](A_s.ptr_to([it % STAGES, 0, 0]), T.address_of(A_map), kt * BK,
+                                        tile[0] * BM, bars.ptr_to([it % STAGES]))
+                        T.ptx[TMA_LOAD](B_s.ptr_to([it % STAGES, 0, 0]), T.address_of(B_map), kt * BK,
+                                        tile[1] * BN, bars.ptr_to([it % STAGES]))
+        else:                                                         # two consumer warpgroups, 64 rows each
+            T.ptx.setmaxnreg.inc.sync.aligned.u32(232)
+            wg = T.meta_var((tx - 128) // 128)
+            lt = T.meta_var(tx % 128)
+            for i in T.serial(T.ceildiv(MT * NT - bx, GRID)):
+                _tile_coords(tile, bx + i * GRID, MT, NT)
+                r0 = T.meta_var(tile[0] * BM + wg * 64 + (lt % 32) // 4 + (lt // 32) * 16)
+                for e in T.unroll(NACC):
+                    acc[e] = T.float32(0)
+                for kt in T.serial(KT):
+                    it = T.meta_var(i * KT + kt)
+                    sbv: T.float32 = SB[tile[1], kt]
+                    scl[0] = SA[T.min(r0, M - 1), kt] * sbv
+                    scl[1] = SA[T.min(r0 + 8, M - 1), kt] * sbv
+                    for e in T.unroll(NACC):
+                        tmp[e] = T.float32(0)
+                    T.cuda.mbarrier_wait(bars.ptr_to([it % STAGES]), (it // STAGES) & 1)
+                    for e in T.unroll(NACC):
+                        T.cuda.wgmma.noop_barrier(tmp[e])
+                    T.ptx.wgmma.fence.sync.aligned()
+                    for kk in T.unroll(BK // 32):  # 32 fp8 = 32 bytes per k32 step inside the swizzled row
+                        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descA[0]),
+                                                              A_s.ptr_to([it % STAGES, wg * 64, kk * 32]),
+                                                              1, 64, SWIZZLE_128B)
+                        T.cuda.wgmma.encode_matrix_descriptor(T.address_of(descB[0]),
+                                                              B_s.ptr_to([it % STAGES, 0, kk * 32]),
+                                                              1, 64, SWIZZLE_128B)
+                        T.ptx[WGMMA](*[tmp[e] for e in range(NACC)], descA[0], descB[0], T.bool(True), 1, 1)
+                    T.ptx.wgmma.commit_group.sync.aligned()
+                    T.ptx.wgmma.wait_group.sync.aligned(0)
+                    for e in T.unroll(NACC):
+                        T.cuda.wgmma.noop_barrier(tmp[e])
+                    if lt % 32 == 0:                                  # one arrive per warp frees the stage
+                        T.ptx.mbarrier.arrive.shared.b64(bars.ptr_to([STAGES + it % STAGES]))
+                    for q in T.unroll(NACC // 4):  # element (q, h, j): row r0 + 8h, col 8q + 2(lt % 4) + j
+                        for h in T.unroll(2):
+                            for j in T.unroll(2):
+                                acc[q * 4 + h * 2 + j] = acc[q * 4 + h * 2 + j] + tmp[q * 4 + h * 2 + j] * scl[h]
+                for q in T.unroll(NACC // 4):
+                    for h in T.unroll(2):
+                        for j in T.unroll(2):
+                            row = T.meta_var(r0 + h * 8)
+                            col = T.meta_var(tile[1] * BN + q * 8 + (lt % 4) * 2 + j)
+                            if row < M:
+                                C[row, col] = T.Cast("bfloat16", acc[q * 4 + h * 2 + j] + T.Cast("float32", BIAS[col]))
+
+    return fp8_gemm_bias
+
+
+@T.inline
+def _tile_coords(tile, t, MT, NT):
+    """tile = (m tile, n tile) of tile number t in grouped order: GROUP row tiles walk the column tiles
+    together, so the CTAs resident at once share GROUP row bands of A and a few column bands of B in L2."""
+    g = T.meta_var(t // (GROUP * NT))
+    gm = T.meta_var(T.min(MT - g * GROUP, GROUP))
+    tile[0] = g * GROUP + (t - g * GROUP * NT) % gm
+    tile[1] = (t - g * GROUP * NT) // gm
 
 
 FP8_MAX = 448.0
@@ -222,8 +269,8 @@ def _prepare(x, weight, bias, arch=None):
     k, n = x.shape[1], weight.shape[0]
     assert k % BK == 0 and n % BN == 0 and weight.shape[1] == k, (x.shape, weight.shape)
     if k not in _COMPILED:
-        arch = arch or _arch()
-        _COMPILED[k] = tuple(_build(f, arch) for f in (_make_row_quant(k), block_quant, fp8_gemm_bias))
+        sms = H200_SMS if arch else torch.cuda.get_device_properties(0).multi_processor_count
+        _COMPILED[k] = tuple(_build(f, arch or _arch()) for f in (_make_row_quant(k), block_quant, _make_gemm(sms)))
     return list(_COMPILED[k])
 
 
