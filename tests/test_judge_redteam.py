@@ -1,0 +1,56 @@
+"""Red team of 2026-12-07 (docs/judge.md, "Red team on CPU (2026-12-07)"): what a record carries out of a grading.
+
+The knock-out's side channels are graded end to end by tests/test_judge.py (tests/kernels/knockout_version_counter.py
+and the others); here, the record of a kernel whose text is hostile must store, show and send like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mkb.agent.feedback import report
+from mkb.judge import grade, sandbox
+from mkb.judge.credentials import redact_record
+from mkb.judge.scrub import REPLACEMENT, scrub, text
+from mkb.problems import catalog_for, resolve
+from mkb.records import JudgeRecord, Status
+from mkb.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = Path(__file__).resolve().parent / "kernels"
+UNSAFE = "\ud800\x00\x1b\x07\x7f\x9b\u202e\u2066\r"
+needs_sandbox = pytest.mark.skipif(sandbox.find()[0] is None, reason=f"no judge sandbox here: {sandbox.find()[1]}")
+
+
+def test_scrub_replaces_what_cannot_be_stored_or_shown_and_keeps_the_rest():
+    assert text("ok\tline\n" + UNSAFE + "é✓") == "ok\tline\n" + REPLACEMENT * len(UNSAFE) + "é✓"
+    assert scrub({"k\x1b": [1.5, math.inf, -math.nan, "\ud800", 3, None, True]}) == \
+        {"k" + REPLACEMENT: [1.5, None, None, REPLACEMENT, 3, None, True]}
+
+
+def test_every_record_is_scrubbed_with_or_without_secrets():
+    record = JudgeRecord(status=Status.RUNTIME_ERROR, message="boom" + UNSAFE, problem="p28", dsl="cutedsl",
+                         device="cpu", log_tail="tail\x1b[2J", details={"traceback": "tb\ud800", "x": math.inf})
+    for environ in ({}, {"OPENAI_API_KEY": "sk-0123456789abcdef"}):
+        clean = redact_record(record, environ)
+        dumped = json.dumps(clean.model_dump(mode="json"), allow_nan=False)
+        assert not any(c in dumped for c in UNSAFE if c != "\r") and "\\u001b" not in dumped
+        assert clean.details["x"] is None and clean.message.startswith("boom")
+
+
+@needs_sandbox
+def test_a_hostile_exception_message_is_stored_sent_and_shown_safely(tmp_path):
+    problem = resolve("p28", catalog_for(ROOT / "problems"))
+    record = grade(problem, KERNELS / "unsafe_text.py", "cutedsl", device="cpu", scale="smoke", timeout_s=120)
+    assert record.status == Status.RUNTIME_ERROR
+    shown = report(record, "submission 1")
+    shown.encode("utf-8")  # what the model API sends
+    assert not any(c in shown for c in UNSAFE)
+    json.dumps(record.model_dump(mode="json"), allow_nan=False)  # mkb verify --json
+    store = Store(tmp_path / "mkb.duckdb")
+    eval_id = store.add_evaluation(record, "verify")
+    assert eval_id and len(record.message) < 10_000
