@@ -54,3 +54,41 @@ def test_a_hostile_exception_message_is_stored_sent_and_shown_safely(tmp_path):
     store = Store(tmp_path / "mkb.duckdb")
     eval_id = store.add_evaluation(record, "verify")
     assert eval_id and len(record.message) < 10_000
+
+
+def test_the_harness_walks_only_exact_lists_and_tuples():
+    """A timed call's result is walked after its window has closed (guards.copy_into): a container whose iteration,
+    length, items or type name is the candidate's code would run that code, and its work, outside every measured
+    window (tests/kernels/gpu_deferred_container.py). Such a result is another structure, and none of it runs."""
+    import torch
+
+    from mkb.judge.candidate import guards
+
+    ran = []
+
+    class Meta(type):
+        @property
+        def __name__(cls):
+            ran.append("name")
+            return "tuple"
+
+    class Deferred(tuple, metaclass=Meta):
+        def __iter__(self):
+            ran.append("iter")
+            return iter((torch.ones(2), torch.ones(2)))
+
+        def __len__(self):
+            ran.append("len")
+            return 2
+
+        def __getitem__(self, i):
+            ran.append("getitem")
+            return torch.ones(2)
+
+    out, slots = Deferred((None,)), (torch.zeros(2), torch.zeros(2))
+    assert guards.copy_into(slots, out) is False and not slots[0].any()
+    assert guards.describe(out)["k"] == "other" and guards.tensor_leaves(out) == []
+    assert guards.describe_shape(out) != guards.describe_shape(slots)
+    assert ran == []
+    assert guards.copy_into(slots, (torch.ones(2), torch.ones(2))) and slots[1].eq(1).all()
+    assert guards.describe([torch.ones(1), (torch.ones(1),)])["type"] == "builtins.list"
