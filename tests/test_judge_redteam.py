@@ -92,3 +92,46 @@ def test_the_harness_walks_only_exact_lists_and_tuples():
     assert ran == []
     assert guards.copy_into(slots, (torch.ones(2), torch.ones(2))) and slots[1].eq(1).all()
     assert guards.describe([torch.ones(1), (torch.ones(1),)])["type"] == "builtins.list"
+
+
+def test_a_solve_commands_mode_travels_masked_and_only_the_key_unmasks_it():
+    """The draw's mode is the knock-out's secret; the command pipe is the candidate's to read (knockout_pipe_tap)."""
+    import secrets
+    from collections import Counter
+
+    from mkb.judge.candidate import knock, wire
+
+    key, other = secrets.token_bytes(wire.MASK_KEY_BYTES), secrets.token_bytes(wire.MASK_KEY_BYTES)
+    unmask, guess = wire.unmasker(key), wire.unmasker(other)
+    sent = Counter()
+    for _ in range(2000):
+        nonce = secrets.token_hex(16)
+        for mode in (knock.NORMAL, knock.OBSERVE, knock.KNOCK_NAN, knock.KNOCK_NOISE):
+            flag = mode ^ wire.mask(key, nonce)
+            assert unmask(flag, nonce) == mode
+            sent[(mode, flag & 3)] += 1
+            assert guess(flag, nonce) in range(256)
+    # what the pipe shows is independent of the mode: its low bits spread evenly for every mode
+    assert all(350 < sent[(mode, low)] < 650 for mode in range(4) for low in range(4))
+    assert unmask(knock.KNOCK_NAN, None) == knock.NORMAL  # no nonce: nothing to knock out
+
+
+def test_a_harness_stops_talking_once_its_pipes_are_replaced():
+    import os
+
+    from mkb.judge.candidate import wire
+
+    cmd_r, cmd_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    recv, send, _ = wire.endpoint(cmd_r, reply_w)
+    os.write(cmd_w, wire.frame({"cmd": "report"}, 0))
+    assert recv() == ({"cmd": "report"}, 0)
+    mine_r, mine_w = os.pipe()
+    os.dup2(mine_r, cmd_r)
+    os.write(mine_w, wire.frame({"cmd": "report"}, 0))
+    with pytest.raises(wire.WireError, match="replaced"):
+        recv()
+    with pytest.raises(wire.WireError, match="replaced"):
+        send({"ok": True})
+    for fd in (cmd_r, cmd_w, reply_r, reply_w, mine_r, mine_w):
+        os.close(fd)

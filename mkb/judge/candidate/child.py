@@ -80,6 +80,8 @@ class Candidate:
         """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
         self.arm = lambda: None
         """Takes the core's baseline of the dispatcher (knock.py) once the profiler is warm; set in start()."""
+        self.unmask = lambda flag, nonce: 0
+        """A solve command's flag -> the draw's mode (wire.mask); set from the load command's key, before kernel.py."""
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -132,6 +134,8 @@ class Candidate:
                            "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
+        if type(msg.get("key")) is str:  # popped before kernel.py runs: only the unmasker's closure keeps it
+            self.unmask = wire.unmasker(bytes.fromhex(msg.pop("key")))
         try:
             if self.spec["role"] == "reference":
                 module = self._import(self.spec["problem"], "mkb_problem")
@@ -307,7 +311,7 @@ class Candidate:
                 self.cmd_timed(msg)
                 continue
             if msg.get("cmd") == "solve":
-                reply = self.cmd_solve_released(msg, flag)
+                reply = self.cmd_solve_released(msg, self.unmask(flag, msg.get("nonce")))
             else:
                 reply = handlers[msg["cmd"]](msg)
             del flag
@@ -343,6 +347,7 @@ def main() -> int:
         candidate.serve()
     except wire.WireError as exc:
         candidate.observed["findings"].append(f"channel closed: {exc}")
+        os.write(2, f"\njudge harness: channel closed: {exc}\n".encode())  # the log tail a crash shows
     line = json.dumps(candidate.observed, allow_nan=False, default=str) + "\n"
     os.write(_REAL_STDOUT, line.encode())
     return 0

@@ -9,6 +9,7 @@ handles (GPU) that the trusted referee allocates and the candidate only maps.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import json.decoder
 import json.encoder
@@ -157,6 +158,31 @@ class Channel:
         return _join(chunks)
 
 
+MASK_KEY_BYTES = 32
+"""A solve command's flag (the draw's mode, which the knock-out's guarantee rests on) travels XORed with a byte
+derived from a key the referee sends with the load command, before kernel.py is imported, and a nonce of the
+command (mask()): a kernel that reads the command pipe (it can put a pipe of its own in the harness's place and
+forward every frame) sees the nonce and a uniform byte, never the mode."""
+
+
+def mask(key: bytes, nonce: str) -> int:
+    """The byte a solve command's flag is XORed with: keyed BLAKE2b of the command's nonce."""
+    return hashlib.blake2b(nonce.encode(), key=key, digest_size=1).digest()[0]
+
+
+def unmasker(key: bytes):
+    """The harness's side of mask(): unmask(flag, nonce) -> the mode; a closure over the key (which it alone holds
+    once the load command is gone) and the functions it calls, bound before kernel.py is imported."""
+    blake2b, str_, type_, encode = hashlib.blake2b, str, type, str.encode
+
+    def unmask(flag: int, nonce) -> int:
+        if type_(nonce) is not str_:
+            return 0
+        return flag ^ blake2b(encode(nonce), key=key, digest_size=1).digest()[0]
+
+    return unmask
+
+
 def endpoint(read_fd: int, write_fd: int) -> tuple:
     """The candidate's side of a channel as three closures: recv_flagged(), send(message, flag=0), emit(event).
 
@@ -169,6 +195,23 @@ def endpoint(read_fd: int, write_fd: int) -> tuple:
         EVIDENCE
     frame_, unframe_, lock, view, len_, join = frame, unframe, threading.Lock(), memoryview, len, b"".join
     Blocked, OSError_, WireError_ = BlockingIOError, OSError, WireError
+    fstat = os.fstat
+
+    def identity(fd: int) -> tuple:
+        try:
+            st = fstat(fd)
+        except OSError_:
+            return ()
+        return (st.st_dev, st.st_ino)
+
+    pipes = (identity(read_fd), identity(write_fd))
+    """The pipes the judge gave this process: a candidate can put pipes of its own on the same descriptors (os.dup2)
+    and sit between the harness and the referee, reading and rewriting every frame; each frame is read and written
+    only while both descriptors still name the judge's pipes."""
+
+    def check() -> None:
+        if (identity(read_fd), identity(write_fd)) != pipes:
+            raise WireError_("the judge's pipes were replaced (a descriptor of the harness now names another file)")
 
     def read_exact(n: int) -> bytes:
         chunks, got = [], 0
@@ -186,13 +229,17 @@ def endpoint(read_fd: int, write_fd: int) -> tuple:
         return join(chunks)
 
     def recv_flagged() -> tuple[dict, int]:
+        check()
         length, flag = unpack(read_exact(size))
         if length > limit:
             raise WireError_(f"message of {length} bytes exceeds the {limit}-byte limit")
-        return unframe_(read_exact(length)), flag
+        data = read_exact(length)
+        check()
+        return unframe_(data), flag
 
     def send(message: dict, flag: int = 0) -> None:
         data = frame_(message, flag)
+        check()
         try:
             with lock:
                 rest = view(data)

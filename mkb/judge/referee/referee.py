@@ -61,6 +61,8 @@ class Referee:
         self.stream = evidence.Stream()
         """What the candidate process reports as it happens (wire.EVIDENCE messages on its channel)."""
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"], sink=self.stream.add)
+        self.key = secrets.token_bytes(wire.MASK_KEY_BYTES)
+        """Masks each solve command's mode (wire.mask); the harness receives it before kernel.py is imported."""
         self.solves = 0
         """solve commands sent so far: the index the stream files each draw's DSL calls under."""
         self.e = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"]) if "e_cmd_w" in spec else None
@@ -144,7 +146,9 @@ class Referee:
         index, self.solves = self.solves, self.solves + 1
         self.stream.current = index
         try:
-            self.c.send({"cmd": "solve", "inputs": tree, "slots": slot_tree, "plan": plan}, flag)
+            nonce = secrets.token_hex(16)  # the mode travels masked (wire.mask): the pipe is the candidate's to read
+            self.c.send({"cmd": "solve", "inputs": tree, "slots": slot_tree, "plan": plan, "nonce": nonce},
+                        flag ^ wire.mask(self.key, nonce))
             return self.c.recv(), index
         finally:
             self.stream.current = None
@@ -190,7 +194,7 @@ class Referee:
         self.declare_memory(upcoming[0], before)
         self.phase = "import"
         self.mark_kernel_loading()
-        self.c.send({"cmd": "load"})
+        self.c.send({"cmd": "load", "key": self.key.hex()})
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
