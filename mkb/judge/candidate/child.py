@@ -45,6 +45,12 @@ _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _empty_cache = torch.cuda.empty_cache
 _peak_reserved = torch.cuda.max_memory_reserved
+_dispatch_depth, _function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
+MODES_LEFT = ("solve() returned with a torch dispatch or function mode active: the harness's own work on its result "
+              "(copying it into the judge's slots, after a timed call's window) would run the kernel's code")
+"""A mode pushed in solve() and left on the stack sees every torch operator the harness runs on the result
+afterwards: a kernel returned an empty tensor and did its work in the mode's handler of the copy into the slots,
+after the timed window and the trusted clock had closed (tests/kernels/gpu_deferred_mode.py)."""
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -223,6 +229,9 @@ class Candidate:
             self.sync()
         finally:
             self.draw(None)
+        if _dispatch_depth() or _function_depth():
+            self.emit({"ev": "finding", "text": MODES_LEFT})
+            raise PermissionError(MODES_LEFT)
         return out
 
     def cmd_timing_setup(self, msg: dict) -> dict:
@@ -266,7 +275,11 @@ class Candidate:
         _sync()
         synced.record()
         self.send({"ok": True, "launched": msg["k"]})
-        copied = msg.get("null") or self.copy_into(self.slots, out)
+        if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
+            self.emit({"ev": "finding", "text": MODES_LEFT})
+            copied = False
+        else:
+            copied = msg.get("null") or self.copy_into(self.slots, out)
         _sync()
         self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
                    "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
