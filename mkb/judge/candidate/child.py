@@ -17,6 +17,7 @@ _STARTED = time.monotonic()
 _REAL_STDOUT = os.dup(1)
 os.dup2(2, 1)  # whatever torch, the DSLs or the candidate print goes to stderr
 
+import gc  # noqa: E402
 import importlib.abc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -46,6 +47,10 @@ _Event = torch.cuda.Event
 _empty_cache = torch.cuda.empty_cache
 _peak_reserved = torch.cuda.max_memory_reserved
 _dispatch_depth, _function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
+_gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
+"""The cyclic collector runs whenever an allocation crosses its threshold, and with it the kernel's __del__ methods
+and gc.callbacks: in the harness's handling of a timed call's result, after the window, they would do work no
+figure holds (tests/kernels/gpu_deferred_gc.py). It is off from the window's end until the call is answered."""
 MODES_LEFT = ("solve() returned with a torch dispatch or function mode active: the harness's own work on its result "
               "(copying it into the judge's slots, after a timed call's window) would run the kernel's code")
 """A mode pushed in solve() and left on the stack sees every torch operator the harness runs on the result
@@ -274,15 +279,21 @@ class Candidate:
         returned.record()
         _sync()
         synced.record()
-        self.send({"ok": True, "launched": msg["k"]})
-        if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
-            self.emit({"ev": "finding", "text": MODES_LEFT})
-            copied = False
-        else:
-            copied = msg.get("null") or self.copy_into(self.slots, out)
-        _sync()
-        self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
-                   "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+        collecting = _gc_isenabled()
+        _gc_disable()  # from here on nothing of the kernel's may run: no collection calls its __del__ or callbacks
+        try:
+            self.send({"ok": True, "launched": msg["k"]})
+            if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
+                self.emit({"ev": "finding", "text": MODES_LEFT})
+                copied = False
+            else:
+                copied = msg.get("null") or self.copy_into(self.slots, out)
+            _sync()
+            self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
+                       "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+        finally:
+            if collecting:
+                _gc_enable()
 
     def cmd_profile(self, msg: dict) -> dict:
         os.set_blocking(self.spec["cmd_fd"], True)
