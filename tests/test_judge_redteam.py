@@ -135,3 +135,18 @@ def test_a_harness_stops_talking_once_its_pipes_are_replaced():
         send({"ok": True})
     for fd in (cmd_r, cmd_w, reply_r, reply_w, mine_r, mine_w):
         os.close(fd)
+
+
+@needs_sandbox
+@pytest.mark.parametrize("fixture, dsl", [("knockout_pipe_tap", "tirx"), ("knockout_version_counter", "tirx"),
+                                          ("mode_left_active", "cutedsl")])
+def test_the_new_knock_out_and_deferral_attacks_fail_and_leave_nothing(fixture, dsl):
+    """Graded in the sandbox with the test limits of tests/test_judge_sandbox.py: not passed, and no process, file or
+    working directory of the grading remains (the pipe tap's forwarding thread dies with its process)."""
+    from test_judge_sandbox import assert_nothing_left, settings
+
+    problem = resolve("p28", catalog_for(ROOT / "problems"))
+    record = grade(problem, KERNELS / f"{fixture}.py", dsl, device="cpu", scale="smoke", timeout_s=120,
+                   settings=settings())
+    assert record.status in (Status.POLICY_VIOLATION, Status.CRASHED), record.message
+    assert_nothing_left()
