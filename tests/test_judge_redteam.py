@@ -15,7 +15,7 @@ import pytest
 from mkb.agent.feedback import report
 from mkb.judge import grade, sandbox
 from mkb.judge.credentials import redact_record
-from mkb.judge.scrub import REPLACEMENT, scrub, text
+from mkb.judge.scrub import MESSAGE_CHARS, REPLACEMENT, TEXT_CHARS, scrub, text
 from mkb.problems import catalog_for, resolve
 from mkb.records import JudgeRecord, Status
 from mkb.store import Store
@@ -150,3 +150,21 @@ def test_the_new_knock_out_and_deferral_attacks_fail_and_leave_nothing(fixture, 
                    settings=settings())
     assert record.status in (Status.POLICY_VIOLATION, Status.CRASHED), record.message
     assert_nothing_left()
+
+
+def test_no_string_of_a_record_outgrows_its_cap():
+    assert len(text("x" * (TEXT_CHARS + 5))) < TEXT_CHARS + 40 and text("x" * 10) == "x" * 10
+    record = JudgeRecord(status=Status.RUNTIME_ERROR, message="m" * 10**6, problem="p28", dsl="cutedsl", device="cpu",
+                         details={"traceback": "t" * 10**6, "nested": [{"k" * 10**5: "v"}]})
+    clean = redact_record(record, {})
+    assert len(clean.message) < MESSAGE_CHARS + 40 and len(json.dumps(clean.model_dump(mode="json"))) < 4 * TEXT_CHARS
+
+
+@needs_sandbox
+def test_a_forged_reply_frame_carries_no_flood_into_the_record():
+    problem = resolve("p28", catalog_for(ROOT / "problems"))
+    record = grade(problem, KERNELS / "forged_reply.py", "cutedsl", device="cpu", scale="smoke", timeout_s=120)
+    assert record.status != Status.PASSED
+    assert len(record.message) < MESSAGE_CHARS + 40
+    assert len(json.dumps(record.model_dump(mode="json"))) < 200_000
+    assert len(report(record, "submission 1")) < 20_000

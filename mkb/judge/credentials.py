@@ -18,7 +18,7 @@ import base64
 import re
 from typing import Any, Mapping
 
-from mkb.judge.scrub import scrub
+from mkb.judge.scrub import MESSAGE_CHARS, scrub
 from mkb.records import JudgeRecord
 
 ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
@@ -77,4 +77,6 @@ def redact(obj: Any, secrets: list[str]) -> Any:
 def redact_record(record: JudgeRecord, environ: Mapping[str, str]) -> JudgeRecord:
     """The record with every credential value the runner holds removed from its text, and its text made safe to
     store and show (scrub.py: no lone surrogates, control characters or non-finite numbers)."""
-    return JudgeRecord.model_validate(redact(scrub(record.model_dump(mode="json")), secret_values(environ)))
+    dumped = record.model_dump(mode="json")
+    dumped = {**scrub(dumped), "message": scrub(dumped["message"], MESSAGE_CHARS)}
+    return JudgeRecord.model_validate(redact(dumped, secret_values(environ)))
