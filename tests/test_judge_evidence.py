@@ -144,7 +144,7 @@ def test_the_seal_refuses_the_candidate_and_lets_honest_code_run(tmp_path):
 def test_wire_frames_carry_a_flag_and_evidence_goes_to_the_sink():
     read, write = os.pipe()
     seen = []
-    _, send, emit = wire.endpoint(read, write)
+    _, send, emit, _ = wire.endpoint(read, write)
     receiver = wire.Channel(read, write, sink=seen.append)
     send({"cmd": "solve", "x": [1, 2.5]}, knock.KNOCK_NOISE)
     emit({"ev": "call", "dsl": "tirx"})

@@ -123,7 +123,7 @@ def test_a_harness_stops_talking_once_its_pipes_are_replaced():
 
     cmd_r, cmd_w = os.pipe()
     reply_r, reply_w = os.pipe()
-    recv, send, _ = wire.endpoint(cmd_r, reply_w)
+    recv, send, _, _ = wire.endpoint(cmd_r, reply_w)
     os.write(cmd_w, wire.frame({"cmd": "report"}, 0))
     assert recv() == ({"cmd": "report"}, 0)
     mine_r, mine_w = os.pipe()
@@ -168,3 +168,40 @@ def test_a_forged_reply_frame_carries_no_flood_into_the_record():
     assert len(record.message) < MESSAGE_CHARS + 40
     assert len(json.dumps(record.model_dump(mode="json"))) < 200_000
     assert len(report(record, "submission 1")) < 20_000
+
+
+def test_once_keyed_the_referee_takes_only_frames_the_harness_tagged():
+    """A kernel holds the reply pipe's write end: a frame it writes there (tests/kernels/forged_profile_reply.py)
+    carries no valid tag, whatever it says."""
+    import os
+    import secrets
+
+    from mkb.judge.candidate import wire
+
+    key = secrets.token_bytes(wire.MASK_KEY_BYTES)
+    cmd_r, cmd_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    _, send, emit, authenticate = wire.endpoint(cmd_r, reply_w)
+    seen = []
+    referee = wire.Channel(reply_r, cmd_w, sink=seen.append)
+    authenticate(key)
+    referee.authenticate(key)
+    emit({"ev": "call"})
+    send({"ok": True, "n": 1})
+    assert referee.recv() == {"ok": True, "n": 1} and seen == [{"ev": "call"}]
+    forged = wire.frame({"ok": True, "cpu": True, "calls": []})
+    os.write(reply_w, forged + bytes(wire.TAG_BYTES))
+    with pytest.raises(wire.ForgedFrame):
+        referee.recv()
+    for fd in (cmd_r, cmd_w, reply_r, reply_w):
+        os.close(fd)
+
+
+@needs_sandbox
+def test_a_forged_profile_reply_no_longer_buys_the_strict_share():
+    from mkb.settings import Settings
+
+    problem = resolve("p28", catalog_for(ROOT / "problems"))
+    record = grade(problem, KERNELS / "forged_profile_reply.py", "tirx", device="cpu", scale="smoke", timeout_s=120,
+                   settings=Settings(dsl_policy="strict"))
+    assert record.status == Status.POLICY_VIOLATION and "did not write" in record.message

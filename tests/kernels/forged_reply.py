@@ -1,9 +1,10 @@
-"""Hack: writes a reply frame of its own (the judge's wire format) on every pipe it may write, ahead of the harness's reply, with a 20 MB "error" and "traceback": the referee took it for the draw's reply, and the text reached the record and the feedback whole (40 MB). Every string of a record is now cut (scrub.py).
+"""Hack: writes a reply frame of its own (the judge's wire format) on every pipe it may write, ahead of the harness's reply, with a 20 MB "error" and "traceback": the referee took it for the draw's reply, and the text reached the record and the feedback whole (40 MB). Every string of a record is now cut (scrub.py), and the referee refuses a frame the harness did not tag (wire.tag).
 
 Problem: p28
 DSL: cutedsl
 Device: cpu
-Expected: runtime_error
+Expected: policy_violation
+Also: runtime_error
 """
 import fcntl
 import json

@@ -81,7 +81,7 @@ class Candidate:
 
     def __init__(self, spec: dict):
         self.spec, self.device = spec, spec["device"]
-        self.recv, self.send, self.emit = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
+        self.recv, self.send, self.emit, self.authenticate = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
         self.fingerprint = None
         self.solve = None
         self.pool, self.slots = [], None
@@ -145,8 +145,11 @@ class Candidate:
                            "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
-        if type(msg.get("key")) is str:  # popped before kernel.py runs: only the unmasker's closure keeps it
-            self.unmask = wire.unmasker(bytes.fromhex(msg.pop("key")))
+        if type(msg.get("key")) is str:  # popped before kernel.py runs: only the wire's closures keep it
+            key = bytes.fromhex(msg.pop("key"))
+            self.unmask = wire.unmasker(key)
+            self.authenticate(key)  # every frame from here on is tagged: the kernel cannot write one of the harness's
+            del key
         try:
             if self.spec["role"] == "reference":
                 module = self._import(self.spec["problem"], "mkb_problem")

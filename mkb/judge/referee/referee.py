@@ -160,6 +160,8 @@ class Referee:
             return self.verdict(f.status, f.message, proven=True, **f.details)
         except Failure as f:
             return self.verdict(f.status, f.message, **f.details)
+        except wire.ForgedFrame as exc:
+            return self.verdict(Status.POLICY_VIOLATION, f"during {self.phase}: {exc}")
         except wire.WireError as exc:
             died_in = self.phase
             return self.verdict(Status.CRASHED, f"the candidate process died during {died_in} ({exc})",
@@ -195,6 +197,7 @@ class Referee:
         self.phase = "import"
         self.mark_kernel_loading()
         self.c.send({"cmd": "load", "key": self.key.hex()})
+        self.c.authenticate(self.key)  # the harness tags every frame after this one (wire.tag)
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
