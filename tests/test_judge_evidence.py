@@ -34,7 +34,8 @@ def _nested_code(code: types.CodeType):
 
 @pytest.mark.parametrize("factory", [knock.make_core, hooks.make_entries, guards.make_fingerprint, wire.endpoint,
                                      escape.make_checker, escape.make_asker, escape.make_dispatcher_probe,
-                                     seal.install, seal.make_plain, seal.classifier, hooks.make_ledger])
+                                     seal.install, seal.make_plain, seal.classifier, hooks.make_ledger,
+                                     wire.unmasker])
 def test_sealed_code_looks_up_no_global_name(factory):
     """A candidate can rebind any module's globals (vars(module) is writable); the closures that read the
     knock-out's mode, or decide what is genuine, must not see that."""
@@ -143,7 +144,7 @@ def test_the_seal_refuses_the_candidate_and_lets_honest_code_run(tmp_path):
 def test_wire_frames_carry_a_flag_and_evidence_goes_to_the_sink():
     read, write = os.pipe()
     seen = []
-    _, send, emit = wire.endpoint(read, write)
+    _, send, emit, _ = wire.endpoint(read, write)
     receiver = wire.Channel(read, write, sink=seen.append)
     send({"cmd": "solve", "x": [1, 2.5]}, knock.KNOCK_NOISE)
     emit({"ev": "call", "dsl": "tirx"})

@@ -8,7 +8,8 @@ any variable whose name looks like a credential even when the allow-list would t
 As a second line, everything a grading returns (message, log tail, details) passes through
 redact_record() before it reaches the agent or the database: the value of every variable the
 runner holds whose name looks like a credential is replaced, as is its base64, hex or reversed
-form. Values shorter than MIN_SECRET_CHARS are left alone (they would redact ordinary words).
+form. Values shorter than MIN_SECRET_CHARS are left alone (they would redact ordinary words). The same pass makes
+its text safe to store and show (scrub.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import base64
 import re
 from typing import Any, Mapping
 
+from mkb.judge.scrub import MESSAGE_CHARS, scrub
 from mkb.records import JudgeRecord
 
 ALLOWED = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
@@ -73,8 +75,8 @@ def redact(obj: Any, secrets: list[str]) -> Any:
 
 
 def redact_record(record: JudgeRecord, environ: Mapping[str, str]) -> JudgeRecord:
-    """The record with every credential value the runner holds removed from its text."""
-    secrets = secret_values(environ)
-    if not secrets:
-        return record
-    return JudgeRecord.model_validate(redact(record.model_dump(mode="json"), secrets))
+    """The record with every credential value the runner holds removed from its text, and its text made safe to
+    store and show (scrub.py: no lone surrogates, control characters or non-finite numbers)."""
+    dumped = record.model_dump(mode="json")
+    dumped = {**scrub(dumped), "message": scrub(dumped["message"], MESSAGE_CHARS)}
+    return JudgeRecord.model_validate(redact(dumped, secret_values(environ)))

@@ -17,6 +17,7 @@ _STARTED = time.monotonic()
 _REAL_STDOUT = os.dup(1)
 os.dup2(2, 1)  # whatever torch, the DSLs or the candidate print goes to stderr
 
+import gc  # noqa: E402
 import importlib.abc  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
@@ -45,6 +46,16 @@ _sync = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _empty_cache = torch.cuda.empty_cache
 _peak_reserved = torch.cuda.max_memory_reserved
+_dispatch_depth, _function_depth = torch._C._len_torch_dispatch_stack, torch._C._len_torch_function_stack
+_gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
+"""The cyclic collector runs whenever an allocation crosses its threshold, and with it the kernel's __del__ methods
+and gc.callbacks: in the harness's handling of a timed call's result, after the window, they would do work no
+figure holds (tests/kernels/gpu_deferred_gc.py). It is off from the window's end until the call is answered."""
+MODES_LEFT = ("solve() returned with a torch dispatch or function mode active: the harness's own work on its result "
+              "(copying it into the judge's slots, after a timed call's window) would run the kernel's code")
+"""A mode pushed in solve() and left on the stack sees every torch operator the harness runs on the result
+afterwards: a kernel returned an empty tensor and did its work in the mode's handler of the copy into the slots,
+after the timed window and the trusted clock had closed (tests/kernels/gpu_deferred_mode.py)."""
 
 
 class _Blocker(importlib.abc.MetaPathFinder):
@@ -70,7 +81,7 @@ class Candidate:
 
     def __init__(self, spec: dict):
         self.spec, self.device = spec, spec["device"]
-        self.recv, self.send, self.emit = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
+        self.recv, self.send, self.emit, self.authenticate = wire.endpoint(spec["cmd_fd"], spec["reply_fd"])
         self.fingerprint = None
         self.solve = None
         self.pool, self.slots = [], None
@@ -80,6 +91,8 @@ class Candidate:
         """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
         self.arm = lambda: None
         """Takes the core's baseline of the dispatcher (knock.py) once the profiler is warm; set in start()."""
+        self.unmask = lambda flag, nonce: 0
+        """A solve command's flag -> the draw's mode (wire.mask); set from the load command's key, before kernel.py."""
 
     def sync(self) -> None:
         if self.device == "cuda":
@@ -132,6 +145,11 @@ class Candidate:
                            "cuda": torch.cuda.is_available(), "startup_s": startup_s})
 
     def cmd_load(self, msg: dict) -> dict:
+        if type(msg.get("key")) is str:  # popped before kernel.py runs: only the wire's closures keep it
+            key = bytes.fromhex(msg.pop("key"))
+            self.unmask = wire.unmasker(key)
+            self.authenticate(key)  # every frame from here on is tagged: the kernel cannot write one of the harness's
+            del key
         try:
             if self.spec["role"] == "reference":
                 module = self._import(self.spec["problem"], "mkb_problem")
@@ -219,6 +237,9 @@ class Candidate:
             self.sync()
         finally:
             self.draw(None)
+        if _dispatch_depth() or _function_depth():
+            self.emit({"ev": "finding", "text": MODES_LEFT})
+            raise PermissionError(MODES_LEFT)
         return out
 
     def cmd_timing_setup(self, msg: dict) -> dict:
@@ -261,11 +282,21 @@ class Candidate:
         returned.record()
         _sync()
         synced.record()
-        self.send({"ok": True, "launched": msg["k"]})
-        copied = msg.get("null") or self.copy_into(self.slots, out)
-        _sync()
-        self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
-                   "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+        collecting = _gc_isenabled()
+        _gc_disable()  # from here on nothing of the kernel's may run: no collection calls its __del__ or callbacks
+        try:
+            self.send({"ok": True, "launched": msg["k"]})
+            if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
+                self.emit({"ev": "finding", "text": MODES_LEFT})
+                copied = False
+            else:
+                copied = msg.get("null") or self.copy_into(self.slots, out)
+            _sync()
+            self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
+                       "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+        finally:
+            if collecting:
+                _gc_enable()
 
     def cmd_profile(self, msg: dict) -> dict:
         os.set_blocking(self.spec["cmd_fd"], True)
@@ -307,7 +338,7 @@ class Candidate:
                 self.cmd_timed(msg)
                 continue
             if msg.get("cmd") == "solve":
-                reply = self.cmd_solve_released(msg, flag)
+                reply = self.cmd_solve_released(msg, self.unmask(flag, msg.get("nonce")))
             else:
                 reply = handlers[msg["cmd"]](msg)
             del flag
@@ -343,6 +374,7 @@ def main() -> int:
         candidate.serve()
     except wire.WireError as exc:
         candidate.observed["findings"].append(f"channel closed: {exc}")
+        os.write(2, f"\njudge harness: channel closed: {exc}\n".encode())  # the log tail a crash shows
     line = json.dumps(candidate.observed, allow_nan=False, default=str) + "\n"
     os.write(_REAL_STDOUT, line.encode())
     return 0

@@ -97,27 +97,44 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object], probe: Ca
     return fingerprint
 
 
+def _children(obj: Any) -> list | None:
+    """The items of a plain list or tuple, else None.
+
+    Only the exact built-in types are walked: a subclass's __iter__, __len__ or __getitem__ (or a metaclass's
+    __name__) is the candidate's code, and the harness walks outputs *after* a timed call's window has closed
+    (copy_into): a container whose iteration did the work would have done it outside every measured window.
+    """
+    kind = type(obj)
+    return list.copy(obj) if kind is list else [*tuple.__iter__(obj)] if kind is tuple else None
+
+
 def describe(obj: Any) -> dict:
     """The structure of a solve() result: containers, and type/shape/dtype/device of each leaf."""
-    if isinstance(obj, (list, tuple)):
-        return {"k": type(obj).__name__ if type(obj) in (list, tuple) else "other",
-                "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
-                "v": [describe(o) for o in obj]}
+    if (items := _children(obj)) is not None:
+        return {"k": type(obj).__name__, "type": f"builtins.{type(obj).__name__}", "v": [describe(o) for o in items]}
+    if isinstance(obj, (list, tuple)):  # a subclass: named, never walked
+        return {"k": "other", "type": _type_name(obj), "v": []}
     if isinstance(obj, torch.Tensor):
-        leaf = {"k": "tensor", "type": f"{type(obj).__module__}.{type(obj).__qualname__}",
-                "plain": type(obj) is torch.Tensor}
+        leaf = {"k": "tensor", "type": _type_name(obj), "plain": type(obj) is torch.Tensor}
         try:
             leaf.update(shape=list(obj.shape), dtype=str(obj.dtype).removeprefix("torch."),
                         device=obj.device.type)
         except Exception as exc:  # a lazy or broken tensor subclass may not even report its shape
             leaf["error"] = f"{type(exc).__name__}: {exc}"[:300]
         return leaf
-    return {"k": "value", "type": f"{type(obj).__module__}.{type(obj).__qualname__}"}
+    return {"k": "value", "type": _type_name(obj)}
+
+
+def _type_name(obj: Any) -> str:
+    """module.qualname of obj's type, read from the type's own dict (a metaclass property would run code)."""
+    kind = type(obj)
+    qualname, module = type.__dict__["__qualname__"].__get__(kind), type.__dict__["__module__"].__get__(kind)
+    return f"{module}.{qualname}" if type(module) is str and type(qualname) is str else "?"
 
 
 def tensor_leaves(obj: Any, path: str = "out") -> list[tuple[str, torch.Tensor]]:
-    if isinstance(obj, (list, tuple)):
-        return [pair for i, o in enumerate(obj) for pair in tensor_leaves(o, f"{path}[{i}]")]
+    if (items := _children(obj)) is not None:
+        return [pair for i, o in enumerate(items) for pair in tensor_leaves(o, f"{path}[{i}]")]
     return [(path, obj)] if isinstance(obj, torch.Tensor) else []
 
 
@@ -178,9 +195,9 @@ def copy_into(slots: Any, out: Any) -> bool:
 
 
 def describe_shape(obj: Any) -> Any:
-    if isinstance(obj, (list, tuple)):
-        return (type(obj).__name__, [describe_shape(o) for o in obj])
-    return "tensor" if isinstance(obj, torch.Tensor) else type(obj).__name__
+    if (items := _children(obj)) is not None:
+        return (type(obj).__name__, [describe_shape(o) for o in items])
+    return "tensor" if type(obj) is torch.Tensor else "other"
 
 
 # -- forbidden runtime features (each use becomes a finding for the referee) -------------------

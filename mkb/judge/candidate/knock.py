@@ -72,6 +72,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     f32, u8, nan, tbool = torch.float32, torch.uint8, float("nan"), torch.bool
     t_clone, t_equal, t_fill, t_copy = Tensor.clone, torch.equal, Tensor.fill_, Tensor.copy_
     t_view, t_reshape, t_contig, t_detach = Tensor.view, Tensor.reshape, Tensor.contiguous, Tensor.detach
+    data_of = Tensor.data.__get__
+    """An alias of a tensor's memory with a version counter of its own: the poison writes through it, because an
+    in-place write bumps the autograd version counter (Tensor._version) that the candidate's tensor shares with its
+    views, and a graded draw's poison (on a scratch copy) bumps nothing the candidate holds."""
     t_not, t_lnot, t_normal, t_clamp, t_random = (Tensor.bitwise_not_, Tensor.logical_not_, Tensor.normal_,
                                                   Tensor.clamp_, Tensor.random_)
     t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
@@ -192,7 +196,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         for position in entry.get("args", ()):
             t = tensors.get(str_(position))
             if t is not None:
-                overwrite(t, mode, seen.get(str_(position)))
+                overwrite(data_of(t), mode, seen.get(str_(position)))
 
     def opaque(obj, args: tuple, kwargs: dict, tensors: dict) -> bool:
         """Whether an argument is an object the knock-out cannot see into (not a tensor, not a plain value)."""
@@ -255,7 +259,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
                 for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
                     scratch = t_clone(tensors[p])
-                    overwrite(tensors[p] if knocked else scratch,
+                    overwrite(data_of(tensors[p]) if knocked else data_of(scratch),
                               mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
             return result

@@ -9,6 +9,8 @@ handles (GPU) that the trusted referee allocates and the candidate only maps.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import json.decoder
 import json.encoder
@@ -51,6 +53,22 @@ def leave(code: int) -> None:
 
 class WireError(Exception):
     """The peer closed the channel or broke the protocol."""
+
+
+class ForgedFrame(WireError):
+    """A frame on a harness's reply pipe that the harness did not write (its tag does not match): a kernel wrote it."""
+
+
+TAG_BYTES = 16
+"""Once the load command has given the harness the grading's key, every frame it writes ends with a tag: keyed
+BLAKE2b of the frame's number (counted per direction) and bytes. A kernel can write frames of its own on the reply
+pipe it holds (a reply to the profile command claiming every microsecond was the DSL's, a flood of text): without
+the key it cannot tag them, so the referee refuses them (tests/kernels/forged_profile_reply.py)."""
+
+
+def tag(key: bytes, number: int, data: bytes) -> bytes:
+    """The tag of the number-th frame (from 0) with these bytes (header and JSON)."""
+    return hashlib.blake2b(number.to_bytes(8, "big") + data, key=key, digest_size=TAG_BYTES).digest()
 
 
 def _reject_constant(name: str):
@@ -103,6 +121,13 @@ class Channel:
         self._spin = False
         self.lock = _lock()
         """Held while a frame is written: evidence from other threads never splits a frame."""
+        self.key: bytes | None = None
+        """Set (authenticate()) when the load command carries the key: from then on every frame read must be tagged."""
+        self.read_frames = 0
+
+    def authenticate(self, key: bytes) -> None:
+        """Refuse, from now on, every frame the peer did not tag with key (TAG_BYTES)."""
+        self.key, self.read_frames = key, 0
 
     @property
     def spin(self) -> bool:
@@ -131,10 +156,17 @@ class Channel:
                      _limit=MAX_MESSAGE_BYTES, _evidence=EVIDENCE) -> tuple[dict, int]:
         """The next message that is not evidence, and its flag."""
         while True:
-            size, flag = _unpack(self._read_exact(_size))
+            header = self._read_exact(_size)
+            size, flag = _unpack(header)
             if size > _limit:
                 raise WireError(f"message of {size} bytes exceeds the {_limit}-byte limit")
-            message = _unframe(self._read_exact(size))
+            data = self._read_exact(size)
+            if self.key is not None:
+                number, self.read_frames = self.read_frames, self.read_frames + 1
+                if not hmac.compare_digest(self._read_exact(TAG_BYTES), tag(self.key, number, header + data)):
+                    raise ForgedFrame("a frame on the harness's reply pipe that the harness did not write (a reply or "
+                                      "evidence forged by the kernel)")
+            message = _unframe(data)
             if flag == _evidence and self.sink is not None:
                 self.sink(message)
                 continue
@@ -157,8 +189,34 @@ class Channel:
         return _join(chunks)
 
 
+MASK_KEY_BYTES = 32
+"""A solve command's flag (the draw's mode, which the knock-out's guarantee rests on) travels XORed with a byte
+derived from a key the referee sends with the load command, before kernel.py is imported, and a nonce of the
+command (mask()): a kernel that reads the command pipe (it can put a pipe of its own in the harness's place and
+forward every frame) sees the nonce and a uniform byte, never the mode."""
+
+
+def mask(key: bytes, nonce: str) -> int:
+    """The byte a solve command's flag is XORed with: keyed BLAKE2b of the command's nonce."""
+    return hashlib.blake2b(nonce.encode(), key=key, digest_size=1).digest()[0]
+
+
+def unmasker(key: bytes):
+    """The harness's side of mask(): unmask(flag, nonce) -> the mode; a closure over the key (which it alone holds
+    once the load command is gone) and the functions it calls, bound before kernel.py is imported."""
+    blake2b, str_, type_, encode = hashlib.blake2b, str, type, str.encode
+
+    def unmask(flag: int, nonce) -> int:
+        if type_(nonce) is not str_:
+            return 0
+        return flag ^ blake2b(encode(nonce), key=key, digest_size=1).digest()[0]
+
+    return unmask
+
+
 def endpoint(read_fd: int, write_fd: int) -> tuple:
-    """The candidate's side of a channel as three closures: recv_flagged(), send(message, flag=0), emit(event).
+    """The candidate's side of a channel as closures: recv_flagged(), send(message, flag=0), emit(event) and
+    authenticate(key) (every frame sent afterwards is tagged: tag()).
 
     No class is involved: a candidate can replace any attribute of any class it reaches (class attributes
     are not audited), and Channel's methods would then see the command bytes, the flag included. These
@@ -169,6 +227,26 @@ def endpoint(read_fd: int, write_fd: int) -> tuple:
         EVIDENCE
     frame_, unframe_, lock, view, len_, join = frame, unframe, threading.Lock(), memoryview, len, b"".join
     Blocked, OSError_, WireError_ = BlockingIOError, OSError, WireError
+    fstat = os.fstat
+
+    def identity(fd: int) -> tuple:
+        try:
+            st = fstat(fd)
+        except OSError_:
+            return ()
+        return (st.st_dev, st.st_ino)
+
+    blake2b, to_bytes, tag_bytes, keyed, sent = hashlib.blake2b, int.to_bytes, TAG_BYTES, [], [0]
+    """The key (set once by authenticate(), from the load command, before kernel.py runs) and the frames tagged."""
+
+    pipes = (identity(read_fd), identity(write_fd))
+    """The pipes the judge gave this process: a candidate can put pipes of its own on the same descriptors (os.dup2)
+    and sit between the harness and the referee, reading and rewriting every frame; each frame is read and written
+    only while both descriptors still name the judge's pipes."""
+
+    def check() -> None:
+        if (identity(read_fd), identity(write_fd)) != pipes:
+            raise WireError_("the judge's pipes were replaced (a descriptor of the harness now names another file)")
 
     def read_exact(n: int) -> bytes:
         chunks, got = [], 0
@@ -186,15 +264,22 @@ def endpoint(read_fd: int, write_fd: int) -> tuple:
         return join(chunks)
 
     def recv_flagged() -> tuple[dict, int]:
+        check()
         length, flag = unpack(read_exact(size))
         if length > limit:
             raise WireError_(f"message of {length} bytes exceeds the {limit}-byte limit")
-        return unframe_(read_exact(length)), flag
+        data = read_exact(length)
+        check()
+        return unframe_(data), flag
 
     def send(message: dict, flag: int = 0) -> None:
         data = frame_(message, flag)
+        check()
         try:
             with lock:
+                if keyed:
+                    data += blake2b(to_bytes(sent[0], 8, "big") + data, key=keyed[0], digest_size=tag_bytes).digest()
+                    sent[0] += 1
                 rest = view(data)
                 while rest:
                     rest = rest[write(write_fd, rest):]
@@ -207,7 +292,12 @@ def endpoint(read_fd: int, write_fd: int) -> tuple:
         except WireError_:
             pass
 
-    return recv_flagged, send, emit
+    def authenticate(key: bytes) -> None:
+        with lock:
+            if not keyed:
+                keyed.append(key)
+
+    return recv_flagged, send, emit, authenticate
 
 
 # -- trees of values and tensors ---------------------------------------------------------------

@@ -61,6 +61,8 @@ class Referee:
         self.stream = evidence.Stream()
         """What the candidate process reports as it happens (wire.EVIDENCE messages on its channel)."""
         self.c = wire.Channel(spec["c_reply_r"], spec["c_cmd_w"], sink=self.stream.add)
+        self.key = secrets.token_bytes(wire.MASK_KEY_BYTES)
+        """Masks each solve command's mode (wire.mask); the harness receives it before kernel.py is imported."""
         self.solves = 0
         """solve commands sent so far: the index the stream files each draw's DSL calls under."""
         self.e = wire.Channel(spec["e_reply_r"], spec["e_cmd_w"]) if "e_cmd_w" in spec else None
@@ -144,7 +146,9 @@ class Referee:
         index, self.solves = self.solves, self.solves + 1
         self.stream.current = index
         try:
-            self.c.send({"cmd": "solve", "inputs": tree, "slots": slot_tree, "plan": plan}, flag)
+            nonce = secrets.token_hex(16)  # the mode travels masked (wire.mask): the pipe is the candidate's to read
+            self.c.send({"cmd": "solve", "inputs": tree, "slots": slot_tree, "plan": plan, "nonce": nonce},
+                        flag ^ wire.mask(self.key, nonce))
             return self.c.recv(), index
         finally:
             self.stream.current = None
@@ -156,6 +160,8 @@ class Referee:
             return self.verdict(f.status, f.message, proven=True, **f.details)
         except Failure as f:
             return self.verdict(f.status, f.message, **f.details)
+        except wire.ForgedFrame as exc:
+            return self.verdict(Status.POLICY_VIOLATION, f"during {self.phase}: {exc}")
         except wire.WireError as exc:
             died_in = self.phase
             return self.verdict(Status.CRASHED, f"the candidate process died during {died_in} ({exc})",
@@ -190,7 +196,8 @@ class Referee:
         self.declare_memory(upcoming[0], before)
         self.phase = "import"
         self.mark_kernel_loading()
-        self.c.send({"cmd": "load"})
+        self.c.send({"cmd": "load", "key": self.key.hex()})
+        self.c.authenticate(self.key)  # the harness tags every frame after this one (wire.tag)
         self.kernel_loaded = True
         loaded = self.c.recv()
         if not loaded.get("ok"):
