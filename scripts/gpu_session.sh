@@ -49,6 +49,7 @@
 #              for a slice, ANCHOR_OURS=none to grade the anchors alone)          -> anchors_<gpu>.json
 #   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
 #              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
+# Carry .device/extra (scripts/stage_runtime.sh) too: the project's runtime wheels the image lacks are installed first.
 # The judge grades only inside its bwrap sandbox: a bwrap staged with scripts/stage_bwrap.sh (carry
 # ".device/bwrap") is installed first when the machine has none.
 set -uo pipefail
@@ -60,6 +61,14 @@ log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$OUT/session.log"; }
 if ! command -v bwrap >/dev/null && [ -x .device/bwrap/bwrap ]; then
   install -m 0755 .device/bwrap/bwrap /usr/local/bin/bwrap
   if ldd /usr/local/bin/bwrap | grep -q "not found"; then cp .device/bwrap/*.so* /usr/local/lib/ && ldconfig; fi
+fi
+# The device image lacks some of the project's runtime wheels: staged with scripts/stage_runtime.sh, carry .device/extra.
+if ! $PY -c "import pydantic, duckdb" 2>/dev/null; then
+  if ls .device/extra/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile .device/extra/*.whl 2>&1 | tail -2 | tee -a "$OUT/session.log"
+  else
+    log "pydantic/duckdb missing and no .device/extra: stage them (bash scripts/stage_runtime.sh) and carry .device/extra"
+  fi
 fi
 command -v bwrap >/dev/null && log "judge sandbox: $(bwrap --version)" \
   || log "NO bwrap: every grading is an infra_error (stage one: bash scripts/stage_bwrap.sh, carry .device/bwrap)"
