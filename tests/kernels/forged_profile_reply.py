@@ -1,9 +1,14 @@
 """Hack: the knock-out's gate (a TIRx copy of the weight must be exact, eager torch computes the answer: knockout_exact_gate) plus a reply of its own to the judge's profile command, written on the harness's reply pipe during the first profiled call, ahead of the harness's: it claims that all the profiled CPU time was the DSL's, so the strict policy's share (0.9) is met; the harness's real reply was then read as the next command's, which did not mind.
+(Graded here under the paper policy, which records the share but does not require it: when the forged frame is
+read, its tag fails and the grading is a policy_violation; in one of two fresh-clone CI runs on 2026-12-07 it was not read before the
+grading ended, and the kernel then rests on the exact gate alone, knockout_exact_gate's accepted limit of the paper
+policy, so it passes. Reading a forged frame is covered deterministically by tests/test_judge_redteam.py.)
 
 Problem: p28
 DSL: tirx
 Device: cpu
 Expected: policy_violation
+Also: passed
 """
 import fcntl
 import json
