@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).parent))
-from validate_solutions import SOLUTIONS, gpu_key  # noqa: E402
+from validate_solutions import SOLUTIONS, gpu_key, gradings  # noqa: E402
 
 
 def passed(record: dict) -> bool:
@@ -66,8 +66,8 @@ def main() -> int:
         return 2
     target = SOLUTIONS / f"{gpus.pop()}.json"
     keep, stay = plan(records)
-    moved = [r for r in keep if any(x["problem"] == r["problem"] and x["dsl"] == r["dsl"]
-                                    and x["kernel_file"].startswith("problems/solutions/pending/") for x in records)]
+    graded_pending = {(r["problem"], r["dsl"]) for r in records if r["kernel_file"].startswith("problems/solutions/pending/")}
+    moved = [r for r in keep if (r["problem"], r["dsl"]) in graded_pending]
     for r in moved:
         print(f"move up: {r['problem']} {r['dsl']} ({r['kernel_ms']:.4f} ms, x{r['speedup']:.2f})")
     for line in stay:
@@ -86,12 +86,10 @@ def main() -> int:
                     key=lambda r: (r["problem"], r["dsl"]))
     target.write_text(json.dumps(merged, indent=1) + "\n")
     replaced = {(r["problem"], r["dsl"]) for r in moved}
-    for other in SOLUTIONS.glob("*.json"):   # other GPUs' gradings of a replaced file describe a file no longer shipped
-        if other == target or "_" in other.stem or not replaced:
-            continue
-        rows = json.loads(other.read_text())
+    for key, rows in gradings().items():   # other GPUs' gradings of a replaced file describe a file no longer shipped
+        other = SOLUTIONS / f"{key}.json"
         kept = [r for r in rows if (r["problem"], r["dsl"]) not in replaced]
-        if len(kept) != len(rows):
+        if other != target and len(kept) != len(rows):
             other.write_text(json.dumps(kept, indent=1) + "\n")
             print(f"{len(rows) - len(kept)} records of replaced files dropped from {other.relative_to(ROOT)} "
                   "(in git history)")
