@@ -147,6 +147,30 @@ def test_huge_output_is_capped_and_forged_verdict_ignored(graded):
 
 
 @needs_sandbox
+def test_a_death_inside_a_knocked_out_draw_is_evidence_and_a_fresh_process_goes_on(graded):
+    record = graded("knockout_death_tirx_p28")
+    assert record.status == Status.PASSED, record.message
+    knocked = record.details["knockout"]
+    assert knocked["nan"]["died"] and knocked["nan"]["evidence"] and knocked["nan"]["relief"] == 1
+    assert "SIGABRT" in knocked["nan"]["how"] and knocked["noise"]["evidence"] and knocked["repeat"]["correct"]
+    relieved, = record.details["relieved"]
+    assert relieved["relieved"] and relieved["left"] == 0 and "SIGABRT" in relieved["exit"]
+    assert record.details["candidate"]["baseline"] and not record.details["candidate"]["patched"]
+
+
+@needs_sandbox
+def test_dying_on_purpose_buys_nothing(graded):
+    record = graded("knockout_death_on_purpose")
+    assert record.status == Status.CRASHED and "SIGABRT" in record.message
+
+
+def test_one_relief_per_poison():
+    from mkb.judge.launch import RELIEFS
+    from mkb.judge.referee.knockout import POISONS
+    assert RELIEFS == len(POISONS)
+
+
+@needs_sandbox
 def test_a_crash_does_not_poison_the_next_evaluation(graded):
     assert graded("crash_segfault").status == Status.CRASHED
     assert "SIGSEGV" in graded("crash_segfault").message

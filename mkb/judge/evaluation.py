@@ -4,6 +4,9 @@ Who is charged when something dies (the trusted side's rule is in referee/verdic
 - the processes failing to start, or the referee dying before it let kernel.py import, is the
   judge's (`infra_error`): no code of the candidate had run;
 - the candidate process dying, or being killed by the watchdog (memory, processes), is `crashed`;
+- a candidate that dies inside a knocked-out draw is replaced by a fresh one when the referee asks
+  ("R" on its readiness pipe: _relieve); the grading goes on, and the record keeps how it died
+  (details.relieved);
 - the referee dying without a verdict after it let kernel.py import is `crashed` as well: the
   referee says on its readiness pipe when the kernel starts to load ("L"), and from then on the
   kernel shares the machine with it (and in a sandbox cannot reach it any other way).
@@ -19,12 +22,15 @@ from pathlib import Path
 from typing import Callable
 
 from mkb.judge import processes
-from mkb.judge.launch import STARTUP_S, Launch
+from mkb.judge.launch import STARTUP_S, Launch, LaunchError
 from mkb.judge.referee.verdict import CHARGED_NOTE
 from mkb.judge.view import KERNEL_ROOT, PROBLEM_ROOT
 from mkb.records import Dsl, Status
 
 LOG_TAIL_CHARS = 8000
+RELIEVED_LOG_CHARS = 2000
+"""What a replaced candidate's log keeps, at its start and at its end (the CUDA error that killed it is often
+before the abort's frames)."""
 WATCH_EVERY_S = 0.25
 """How often the candidate's process tree is measured (memory, number of processes)."""
 STOP_GRACE_S, STOP_WAIT_S = 2.0, 10.0
@@ -46,6 +52,8 @@ class Evaluation:
         """Children whose readiness pipe reached end-of-file."""
         self.stops: list[dict] = []
         """The candidate's ends the referee asked for (_stop_candidate): at most one per grading."""
+        self.reliefs: list[dict] = []
+        """The candidates replaced by a fresh one (_relieve): how each ended, and its log's head and tail."""
         shutil.copyfile(kernel, launch.stage["candidate"] / "kernel.py")
         problem_file = Path(problem.path)
         shutil.copyfile(problem_file, launch.stage["eager"] / problem_file.name)
@@ -63,6 +71,8 @@ class Evaluation:
                            "role": "candidate" if name == "candidate" else "reference", "dsl": str(dsl),
                            "kernel": f"{stage}/kernel.py" if name == "candidate" else None,
                            "problem": f"{stage}/{problem_file.name}" if name == "eager" else None}
+        self.candidate_spec = specs.get("candidate")
+        """What a relief candidate is given (with its own pipes' numbers)."""
         launch.begin({"referee": r_spec, **specs})
 
     def supervise(self, timeout_s: float, now: Callable[[], float]) -> tuple[dict, dict, str]:
@@ -122,6 +132,9 @@ class Evaluation:
                 self._read_signals(0.0)
                 if self.launch.signals["referee"].count(b"S") > len(self.stops):
                     self._stop_candidate(now)
+                if self.launch.signals["referee"].count(b"R") > len(self.reliefs):
+                    self._relieve(now)
+                    candidate = self.children["candidate"]
                 if now() - watched >= WATCH_EVERY_S:
                     watched = now()
                     if (reason := candidate.over_limits()) is not None:
@@ -156,12 +169,40 @@ class Evaluation:
             except OSError:  # the referee is gone; its verdict (or its absence) says the rest
                 pass
 
+    def _relieve(self, now) -> None:
+        """The referee saw the candidate die inside a knocked-out draw and asked for a fresh one: end what is left of
+        the dead one, start a relief candidate (launch.start_relief) and tell the referee on its control pipe (one
+        JSON line: relieved or not, and how the dead one ended)."""
+        dead, started = self.children["candidate"], now()
+        tree = set(processes.descendants(dead.pid))
+        dead.kill()
+        dead.popen.wait()
+        left = processes.wait_gone(tree, STOP_WAIT_S)
+        account = {"exit": dead.describe_exit(), "processes": len(tree), "left": len(left)}
+        if left:
+            account.update(relieved=False, why=f"{len(left)} of its processes did not end")
+        else:
+            try:
+                self.launch.start_relief(self.candidate_spec)
+                account["relieved"] = True
+            except (OSError, LaunchError) as exc:
+                account.update(relieved=False, why=str(exc)[:300])
+        account["relieve_s"] = round(now() - started, 3)
+        self.closed.discard("candidate")
+        self.reliefs.append({**account, "log_head": dead.stderr.head(RELIEVED_LOG_CHARS),
+                             "log_tail": dead.stderr.text(max_bytes=RELIEVED_LOG_CHARS)})
+        try:
+            os.write(self.launch.control, (json.dumps(account) + "\n").encode())
+        except OSError:  # the referee is gone; its verdict (or its absence) says the rest
+            pass
+
     def _verdict(self, outcome: str, timeout_s: float) -> tuple[dict, dict, str]:
         referee, candidate = self.children["referee"], self.children["candidate"]
         log_tail = candidate.stderr.text(max_bytes=LOG_TAIL_CHARS)
         details = {"isolation": candidate.isolation, "processes": {n: c.describe_exit() for n, c in self.children.items()},
                    "candidate_output_bytes": candidate.stderr.total + candidate.stdout.total,
-                   "processes_start_s": self.start_s}
+                   "processes_start_s": self.start_s,
+                   **({"relieved": self.reliefs} if self.reliefs else {})}
         verdict = _last_json(referee.stdout.text())
         reported = _last_json(candidate.stdout.text())
         if outcome == "timeout":

@@ -6,6 +6,10 @@ on a go pipe of its own. evaluation.py hands a Launch its problem and kernel and
 Every process serves exactly one grading. With the explicit unsafe setting and no sandbox, the
 same processes start as plain subprocesses.
 
+Reliefs: each Launch also holds the pipes of RELIEFS candidate processes not yet started. When a candidate
+dies inside a knocked-out draw (referee/knockout.py), the judge's parent starts a fresh candidate on one of
+them (start_relief) and the referee goes on with it; the referee had their ends from its start.
+
 Spares: while a grading runs, `launched` starts the next Launch of the same kind, so the next grading
 finds its processes with torch already imported. Spares are keyed by everything their start depends
 on (device, timing, sandbox, GPU pinning, limits, environment) and are killed when the judge's
@@ -41,6 +45,9 @@ MAX_SPARES = 16
 MAX_PROCESSES, MAX_THREADS = 64, 4096
 """Processes (a DSL's compiler runs a few) and threads (torch's pools: a few per core) a candidate's tree may hold."""
 JAIL_START_S = 60.0
+RELIEFS = 2
+"""Fresh candidate processes one grading may start after its candidate died inside a knocked-out draw: one per
+poison of the knock-out (referee/knockout.POISONS; tests/test_judge.py holds them equal)."""
 HARNESS_DIR = Path(__file__).resolve().parent / "candidate"
 CHECKOUT = Path(__file__).resolve().parents[2]
 REFEREE = ("import os, sys; fd = int(sys.argv[3]); os.write(fd, str(os.getpid()).encode()); os.close(fd)\n"
@@ -125,11 +132,25 @@ class Launch:
         for name, (prefix, (to_child, from_child)) in zip(plan.names[1:], zip("ce", self.pipes.values())):
             self.fds["referee"].update({f"{prefix}_cmd_w": to_child[1], f"{prefix}_reply_r": from_child[0]})
             self.fds[name].update(cmd_fd=to_child[0], reply_fd=from_child[1])
+        self.reliefs: list[dict[str, int]] = []
+        """Each relief's pipes not yet handed over: the child's ends (cmd_fd, reply_fd, ready_fd, go_fd) and the
+        parent's (ready, go); the referee's ends (r<i>_cmd_w, r<i>_reply_r) are in its spec and closed here once
+        it has started."""
+        self._referee_relief_ends: list[int] = []
+        for i in range(RELIEFS):
+            (cmd_r, cmd_w), (reply_r, reply_w), (ready_r, ready_w), (go_r, go_w) = (os.pipe() for _ in range(4))
+            self.reliefs.append({"cmd_fd": cmd_r, "reply_fd": reply_w, "ready_fd": ready_w, "go_fd": go_r,
+                                 "ready": ready_r, "go": go_w})
+            self.fds["referee"].update({f"r{i}_cmd_w": cmd_w, f"r{i}_reply_r": reply_r})
+            self._referee_relief_ends += [cmd_w, reply_r]
+        self.relieved: list[processes.Child] = []
+        """Candidates a relief replaced (dead), kept to be reaped by close()."""
+        self.jail_pid: int | None = None
         self.children: dict[str, processes.Child] = {}
         try:
-            jail_pid = self._start_referee()
+            self.jail_pid = self._start_referee()
             for name in plan.names[1:]:
-                self._start_harness(name, jail_pid)
+                self._start_harness(name, {**self.fds[name], "go_fd": self._go_child[name]})
         except BaseException:
             self.close()
             raise
@@ -139,7 +160,8 @@ class Launch:
     def _start_referee(self) -> int:
         """Start the referee in a fresh grading namespace; the pid of the process holding that namespace."""
         jail_r, jail_w = os.pipe()
-        fds = [self.ready_fd["referee"], self._go_child["referee"], self._control_child, jail_w]
+        fds = [self.ready_fd["referee"], self._go_child["referee"], self._control_child, jail_w,
+               *self._referee_relief_ends]
         for to_child, from_child in self.pipes.values():
             fds += [to_child[1], from_child[0]]
         argv = [sys.executable, "-c", REFEREE, str(self._go_child["referee"]), self.id, str(jail_w)]
@@ -170,10 +192,10 @@ class Launch:
                               f"{referee.stderr.text(wait_s=1.0)[-600:].strip()}")
         return int(data)
 
-    def _start_harness(self, name: str, jail_pid: int) -> None:
-        plan, candidate = self.plan, name == "candidate"
-        to_child, from_child = self.pipes[name]
-        fds = (to_child[0], from_child[1], self.ready_fd[name], self._go_child[name])
+    def _start_harness(self, name: str, fds: dict[str, int]) -> None:
+        """Start the candidate or eager harness in a cell of the grading's namespace; fds: the numbers of its
+        pipe ends (cmd_fd, reply_fd, ready_fd, go_fd)."""
+        plan, candidate, jail_pid = self.plan, name == "candidate", self.jail_pid
         env = credentials.judge_environment(environment(), trusted=False)
         env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
         if self.sandbox is None:
@@ -201,7 +223,8 @@ class Launch:
             cpu_s=int(plan.timeout_s + STARTUP_S) * (os.cpu_count() or 1) if candidate else None,
             file_bytes=(1 << 30) if candidate else None, max_processes=MAX_PROCESSES if candidate else None,
             max_threads=MAX_THREADS if candidate else None)
-        self._start(name, [*argv, str(self._go_child[name]), self.id], env, fds, limits, isolation=isolation)
+        self._start(name, [*argv, str(fds["go_fd"]), self.id], env,
+                    tuple(fds[k] for k in ("cmd_fd", "reply_fd", "ready_fd", "go_fd")), limits, isolation=isolation)
 
     def _start(self, name: str, argv: list[str], env: dict, fds: tuple[int, ...], limits: processes.Limits,
                cwd: str = "/", isolation: dict | None = None) -> None:
@@ -218,9 +241,38 @@ class Launch:
         for to_child, from_child in self.pipes.values():
             for fd in (*to_child, *from_child):
                 os.close(fd)
-        for fd in (*self.ready_fd.values(), *self._go_child.values(), self._control_child):
+        for fd in (*self.ready_fd.values(), *self._go_child.values(), self._control_child, *self._referee_relief_ends):
             os.close(fd)
         self.pipes, self.ready_fd, self._go_child, self._control_child = {}, {}, {}, None
+        self._referee_relief_ends = []
+
+    def start_relief(self, spec: dict) -> processes.Child:
+        """Start a fresh candidate harness on the next relief's pipes and hand it spec (the candidate's, with the
+        relief's pipe numbers); it replaces children["candidate"], whose process must already be gone.
+
+        Raises:
+            LaunchError: every relief was used.
+        """
+        if not self.reliefs:
+            raise LaunchError(f"all {RELIEFS} fresh candidate processes of this grading were used")
+        slot = self.reliefs.pop(0)
+        mine = {"cmd_fd": slot["cmd_fd"], "reply_fd": slot["reply_fd"], "ready_fd": slot["ready_fd"]}
+        try:
+            self.relieved.append(self.children.pop("candidate"))
+            self._start_harness("candidate", {**mine, "go_fd": slot["go_fd"]})
+        finally:
+            for fd in (*mine.values(), slot["go_fd"]):
+                os.close(fd)
+        os.close(self.ready.pop("candidate"))
+        self.ready["candidate"], self.signals["candidate"] = slot["ready"], b""
+        try:
+            data = json.dumps({**spec, **mine}).encode()
+            while data:
+                data = data[os.write(slot["go"], data):]
+        except OSError:  # it died at once; the referee finds its channel closed
+            pass
+        os.close(slot["go"])
+        return self.children["candidate"]
 
     def alive(self) -> bool:
         return bool(self.children) and all(c.popen.poll() is None for c in self.children.values())
@@ -239,17 +291,22 @@ class Launch:
 
     def close(self) -> None:
         """Kill every process group, reap, close the parent's pipe ends and remove the working folder."""
-        for child in self.children.values():
+        everyone = [*self.children.values(), *self.relieved]
+        for child in everyone:
             if child.popen.poll() is None:
                 child.kill()
             child.popen.wait()
-        for child in self.children.values():  # the drain threads close the output pipes at end-of-file
+        for child in everyone:  # the drain threads close the output pipes at end-of-file
             child.stdout.thread.join(2.0)
             child.stderr.thread.join(2.0)
         for fd in (*self.ready.values(), *self._go.values(), *([self.control] if self.control is not None else [])):
             os.close(fd)
+        for slot in self.reliefs:
+            for fd in slot.values():
+                os.close(fd)
         self.ready.clear()
         self._go.clear()
+        self.reliefs = []
         self.control = None
         shutil.rmtree(self.hostdir, ignore_errors=True)
 

@@ -50,10 +50,16 @@ class Limits:
     """Threads (tasks) the tree may hold at once (watchdog): each takes a pid of the host's."""
 
 
+HEAD_BYTES = 4096
+"""What a Tail keeps of the start of its output besides the tail: the first error often comes long before the end."""
+
+
 class Tail:
-    """Drains a pipe on a thread, keeping only the last `limit` bytes (a 100 MB print costs nothing)."""
+    """Drains a pipe on a thread, keeping only the last `limit` bytes (a 100 MB print costs nothing) and the first
+    HEAD_BYTES."""
 
     def __init__(self, stream, limit: int):
+        self.first = b""
         self.chunks: deque[bytes] = deque()
         self.size, self.total, self.limit = 0, 0, limit
         self.thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
@@ -61,6 +67,8 @@ class Tail:
 
     def _drain(self, stream) -> None:
         while chunk := stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16):
+            if len(self.first) < HEAD_BYTES:
+                self.first += chunk[:HEAD_BYTES - len(self.first)]
             self.chunks.append(chunk)
             self.size += len(chunk)
             self.total += len(chunk)
@@ -75,6 +83,11 @@ class Tail:
         dropped = self.total - len(data)
         prefix = f"[... {dropped} earlier bytes discarded ...]\n" if dropped > 0 else ""
         return prefix + data.decode("utf-8", "replace")
+
+    def head(self, max_bytes: int = HEAD_BYTES, wait_s: float = 2.0) -> str:
+        """The first max_bytes of the output (at most HEAD_BYTES)."""
+        self.thread.join(wait_s)
+        return self.first[:max_bytes].decode("utf-8", "replace")
 
 
 @dataclass

@@ -11,6 +11,13 @@ mode travels only as the command's flag into the harness's solve frame (wire.py,
   a range check cannot hide the loss). Its answer must come back *incorrect* against the reference
   under the problem's tolerance (or solve() must fail) -- different bits are not enough -- and the draw
   must have made at least one DSL call, for both poisons.
+- A candidate process that dies inside a knocked-out draw after at least one DSL call of that draw (a
+  later kernel read indices the poison made wild, and the GPU's sticky error aborted the process) gave the
+  same signal as a wrong answer: the draw counts as evidence, and the grading goes on in a fresh
+  candidate process (referee.relieve; at most one per poison), which must pass every draw still to come,
+  the repeat among them, and is the one timed. Dying gives a kernel nothing it could not get by
+  answering wrongly when it guesses a knock-out; a death in any other draw, or before the knocked-out
+  draw's first DSL call, is a crash as before.
 - The repeat runs the first draw's inputs again, not knocked out: its answer must be correct. An answer
   that changes beyond the tolerance between two identical calls is `incorrect`, and a kernel that
   sabotages repeated inputs to fake a knock-out fails here.
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import secrets
 
-from mkb.judge.candidate import knock
+from mkb.judge.candidate import knock, wire
 from mkb.judge.referee import checks, draws
 from mkb.judge.referee.transport import tree_map
 from mkb.judge.referee.verdict import Failure
@@ -45,7 +52,12 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     prepared = referee.prepare_draw(graded=False)
     shared = referee.transport.share(prepared.inputs)
     slots = referee.transport.slots(prepared.ref[0])
-    reply, index = referee.solve(shared.tree, slots.tree, POISONS[poison], plan)
+    try:
+        reply, index = referee.solve(shared.tree, slots.tree, POISONS[poison], plan)
+    except wire.ForgedFrame:
+        raise
+    except wire.WireError as exc:
+        return _died(referee, poison, prepared.seed, exc, (shared, slots))
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
     problem = _failed_outright(reply, prepared.ref[0], referee)
@@ -62,6 +74,19 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     referee.transport.give_back(shared, slots)
     result["evidence"] = bool(result["incorrect"] and calls >= 1)
     return result
+
+
+def _died(referee, poison: str, seed: int, exc: wire.WireError, shared: tuple) -> dict:
+    """The candidate process died inside this knocked-out draw: evidence when the draw had made a DSL call (the grading
+    goes on in a fresh process), else the crash it always was (the WireError goes on to the referee's run())."""
+    calls = referee.stream.calls_by_dsl(referee.solves - 1).get(str(referee.dsl), 0)
+    if calls < 1:
+        raise exc
+    referee.transport.give_back(*shared)
+    why = f"the candidate process died after {calls} {referee.dsl} call{'s' if calls != 1 else ''} ({exc})"
+    account = referee.relieve(why)
+    return {"seed": seed, "dsl_calls": calls, "incorrect": True, "evidence": True, "died": True,
+            "how": f"{why}; it {str(account.get('exit'))[:200]}", "relief": referee.relieved}
 
 
 def _graded_work(referee, reply: dict, out, prepared, left) -> None:

@@ -81,6 +81,8 @@ class Referee:
         """Input sets of the timing pool, chosen with the budget."""
         self.candidate_ended = False
         """Set once the judge's parent confirmed that no process of the candidate is left."""
+        self.relieved = 0
+        """Fresh candidate processes started so far (relieve): the next one's pipes are r<relieved>_*."""
         self._phase, self._since = "startup", time.monotonic()
 
     @property
@@ -196,13 +198,7 @@ class Referee:
         self.declare_memory(upcoming[0], before)
         self.phase = "import"
         self.mark_kernel_loading()
-        self.c.send({"cmd": "load", "key": self.key.hex()})
-        self.c.authenticate(self.key)  # the harness tags every frame after this one (wire.tag)
-        self.kernel_loaded = True
-        loaded = self.c.recv()
-        if not loaded.get("ok"):
-            raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
-                          traceback=loaded.get("traceback", ""))
+        self.load()
         self.correctness(upcoming.pop())  # held by nothing else: its private inputs go when the draw is judged
         evidence = policy.Evidence(dsl=self.dsl, device=self.device, draw_calls=self.details["dsl_calls"],
                                    knockout=self.details.get("knockout"), policy=self.spec.get("dsl_policy", "paper"),
@@ -218,6 +214,51 @@ class Referee:
         else:
             self.details["candidate_stop"] = self.stop_candidate()
         return self.verdict(Status.PASSED, "passed", **timings)
+
+    def load(self) -> None:
+        """Have the candidate process import kernel.py, the key sent with the command; every frame it writes from
+        then on must carry the key's tag (wire.tag)."""
+        self.c.send({"cmd": "load", "key": self.key.hex()})
+        self.c.authenticate(self.key)  # the harness tags every frame after this one (wire.tag)
+        self.kernel_loaded = True
+        loaded = self.c.recv()
+        if not loaded.get("ok"):
+            raise Failure(Status.IMPORT_ERROR, f"importing kernel.py failed: {loaded.get('error')}",
+                          traceback=loaded.get("traceback", ""))
+
+    def relieve(self, why: str) -> dict:
+        """Go on with a fresh candidate process after this one died inside a knocked-out draw (knockout.py): the
+        judge's parent ends what is left of it and starts a relief (stop.relieve), which passes its preflight and
+        imports kernel.py with a new key; the stream takes the relief's fingerprint as its new baseline. Returns the
+        parent's account of the dead process (exit: how it ended).
+
+        Raises:
+            Failure: crashed, when no relief could be started (every one used, or the parent could not).
+        """
+        phase = self.phase
+        self.phase = "relief"
+        account = stop.relieve(self.spec["ready_fd"], self.spec["control_fd"])
+        if not account.get("relieved"):
+            raise Failure(Status.CRASHED, f"the candidate process died during {phase} ({why}; it "
+                                          f"{str(account.get('exit') or 'ended')[:200]}) and no fresh one could be "
+                                          f"started: {str(account.get('why'))[:300]}")
+        for fd in (self.c.read_fd, self.c.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        slot = self.relieved
+        self.relieved += 1
+        self.c = wire.Channel(self.spec[f"r{slot}_reply_r"], self.spec[f"r{slot}_cmd_w"], sink=self.stream.add)
+        self.key = secrets.token_bytes(wire.MASK_KEY_BYTES)
+        self.stream.new_process()
+        hello = self.c.recv()
+        if self.device == "cuda" and not hello.get("cuda"):
+            raise Failure(Status.INFRA_ERROR, "CUDA is not available inside the fresh candidate process's sandbox")
+        kept: list = []
+        theirs = preflight.send(self.c, self.transport, self.device, kept)
+        preflight.check(self.c, "fresh candidate", self.device, theirs)
+        self.load()
+        self.phase = phase
+        return account
 
     def dsl_applicable(self) -> bool:
         return self.device == "cuda" or self.dsl == Dsl.TIRX

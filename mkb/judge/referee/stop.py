@@ -45,6 +45,24 @@ def end_candidate(channel: wire.Channel, ready_fd: int, control_fd: int, wait_s:
     return reply
 
 
+def relieve(ready_fd: int, control_fd: int, wait_s: float = WAIT_S) -> dict:
+    """Ask the judge's parent for a fresh candidate process after the last one died inside a knocked-out draw ("R"
+    on the readiness pipe; evaluation.Evaluation._relieve) and wait for its account: relieved (true, or false with
+    why), how the dead one ended (exit), how many processes it had and how many were left.
+
+    Raises:
+        Failure: the parent is gone or did not answer in time.
+    """
+    try:
+        os.write(ready_fd, b"R")
+    except OSError:
+        raise Failure(Status.INFRA_ERROR, "the judge is gone: it cannot start a fresh candidate process") from None
+    reply = read_line(control_fd, wait_s)
+    if reply is None:
+        raise Failure(Status.INFRA_ERROR, f"the judge did not start a fresh candidate process within {wait_s:g} s")
+    return reply
+
+
 def read_line(fd: int, wait_s: float) -> dict | None:
     """One JSON object on one line from fd, or None on timeout, end of file or anything else."""
     data, deadline = b"", time.monotonic() + wait_s
