@@ -1,4 +1,4 @@
-"""NVFP4 attention output projection: bf16 activations quantized to NVFP4 inside (dynamic global scale) times a pre-quantized NVFP4 weight of 2816 output rows (hidden 2688 padded to 2816); returns bf16 [32768, 2816]."""
+"""NVFP4 attention output projection: bf16 activations quantized to NVFP4 inside (dynamic global scale) times a pre-quantized NVFP4 weight of 2816 output rows (hidden 2688 padded to 2816); returns the fp32 product [32768, 2816]."""
 # Source: NVIDIA Nemotron (Nemotron-3-Nano: hidden_size 2688, 32 attention heads x 128, so o_proj
 # maps 4096 -> 2688; the original pads the output dim to 2816 = 22 x 128).
 # NVFP4 (NVIDIA's 4-bit format): e2m1 codes {0, .5, 1, 1.5, 2, 3, 4, 6} with a sign bit, two per
@@ -9,7 +9,8 @@
 # Original (MetaKernelBench p59): inputs (hidden_states [32768, 4096], weight codes [2816, 2048],
 # weight block scales [2816, 256], weight global decode scale); all 2816 output columns returned.
 # Semantics: the activations get their own global scale per call; the dequantized operands are
-# multiplied in fp32 (fp64 in the anchor) and rounded to bf16 once.
+# multiplied in fp32 (fp64 in the anchor) and the product is returned as it is, in fp32, as the
+# original's does (its siblings p55, p57 and p61 cast to the activations' dtype; p59 does not).
 # Workload: 64 sequences x 512 tokens = 32,768 tokens, 4096 -> 2816.
 # Fixed: shapes. Redrawn per draw: x (N(0,1), bf16); W (0.02 N(0,1), all 2816 rows, quantized here).
 import torch
@@ -17,7 +18,7 @@ import torch
 DTYPE = "nvfp4"
 SOL = {
     "flops": 2 * 32768 * 4096 * 2816 + 8 * 32768 * 4096,
-    "bytes": 2 * 32768 * 4096 + 2816 * 2048 + 2816 * 256 + 4 + 2 * 32768 * 2816,
+    "bytes": 2 * 32768 * 4096 + 2816 * 2048 + 2816 * 256 + 4 + 4 * 32768 * 2816,
 }
 E2M1_MAX, E4M3_MAX = 6.0, 448.0
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -64,4 +65,4 @@ def reference(x, w_packed, w_scale, w_global):
     compute = torch.promote_types(x.dtype, torch.float32)
     a_packed, a_scale, a_global = _nvfp4_quantize(x.to(compute))
     a = _nvfp4_dequantize(a_packed, a_scale, a_global, compute)
-    return (a @ _nvfp4_dequantize(w_packed, w_scale, w_global, compute).T).to(x.dtype)
+    return a @ _nvfp4_dequantize(w_packed, w_scale, w_global, compute).T

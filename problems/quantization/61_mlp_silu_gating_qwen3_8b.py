@@ -1,19 +1,21 @@
-"""NVFP4 SwiGLU MLP with mid-chain requantization: x (bf16) quantized to NVFP4 inside, gate and up GEMMs with pre-quantized NVFP4 weights (global scale 1) rounded to bf16, h = silu(gate) * up in bf16, h requantized to NVFP4, down GEMM; returns bf16 [B,S,4096]."""
+"""NVFP4 SwiGLU MLP with mid-chain requantization: x (bf16) quantized to NVFP4 inside, gate and up GEMMs with pre-quantized NVFP4 weights (each with its global decode scale, a Python float) rounded to bf16, h = silu(gate) * up in bf16, h requantized to NVFP4, down GEMM; returns bf16 [B,S,4096]."""
 # Source: Qwen3-8B config.json: hidden_size 4096, intermediate_size 12288, hidden_act silu.
 # NVFP4 (NVIDIA's 4-bit format): e2m1 codes {0, .5, 1, 1.5, 2, 3, 4, 6} with a sign bit, two per
 # byte (low nibble = even element), one e4m3 scale per 16 consecutive elements along K, one fp32
 # global decode scale per tensor: value = e2m1 * block_scale * global_decode. Quantizing t: global
 # encode g = 448 * 6 / amax(t); block_scale = e4m3(amax16 / 6 * g) (at most 448);
 # code = e2m1(t * g / block_scale), round half to even, saturating at 6; global decode = 1 / g.
-# Original (MetaKernelBench p61): inputs (x [32, 512, 4096], then codes and block scales of
-# W_gate [12288, 4096], W_up and W_down [4096, 12288]): the weights' global scales are not inputs
-# and the reference uses a fixed one; we take it as 1 (the weights are quantized with global
-# decode scale 1, their magnitude carried by the block scales).
+# Original (MetaKernelBench p61): inputs x [32, 512, 4096], then for W_gate [12288, 4096], W_up
+# [12288, 4096] and W_down [4096, 12288] each: codes, block scales and the global decode scale as a
+# Python float (10 inputs); the reference turns each float into an fp32 tensor. The weights are drawn
+# N(0,1) times a literal the recipe does not show and quantized by the same quantizer as the
+# activations (global decode = amax / (448 * 6)); we take 0.02, as its sibling p59 draws its weight.
+# The scale only sets the output's magnitude: the global scale puts the block scales in e4m3's range.
 # Semantics: each GEMM quantizes its activation with its own global scale and multiplies the
 # dequantized operands in fp32 (fp64 in the anchor); gate and up are rounded to bf16, h = silu(gate)
 # * up is taken in bf16, then quantized for the down GEMM, whose result is rounded to bf16.
 # Workload: 32 sequences x 512 tokens = 16,384 tokens.
-# Fixed: shapes. Redrawn per draw: x (N(0,1), bf16); weights N(0,1) (quantized here).
+# Fixed: shapes. Redrawn per draw: x (N(0,1), bf16); weights 0.02 N(0,1) (quantized here).
 import torch
 import torch.nn.functional as F
 
@@ -58,23 +60,25 @@ def _nvfp4_dequantize(packed, scale, global_decode, compute):
 
 def make_inputs(device="cuda", scale="full"):
     batch, seq, hidden, inter = (32, 512, 4096, 12288) if scale == "full" else (2, 16, 128, 384)
-    one = torch.ones((), device=device)
     x = torch.randn(batch, seq, hidden, device=device, dtype=torch.bfloat16)
-    gate = _nvfp4_quantize(torch.randn(inter, hidden, device=device), one)[:2]
-    up = _nvfp4_quantize(torch.randn(inter, hidden, device=device), one)[:2]
-    down = _nvfp4_quantize(torch.randn(hidden, inter, device=device), one)[:2]
-    return [x, *gate, *up, *down]
+    weights = []
+    for rows, cols in ((inter, hidden), (inter, hidden), (hidden, inter)):
+        packed, block_scale, global_decode = _nvfp4_quantize(0.02 * torch.randn(rows, cols, device=device))
+        weights += [packed, block_scale, global_decode.item()]
+    return [x, *weights]
 
 
-def _linear(t, packed, scale, compute):
+def _linear(t, packed, scale, global_decode, compute):
     a_packed, a_scale, a_global = _nvfp4_quantize(t.to(compute))
     a = _nvfp4_dequantize(a_packed, a_scale, a_global, compute)
-    w = _nvfp4_dequantize(packed, scale, torch.ones((), dtype=compute, device=t.device), compute)
-    return (a @ w.T).to(t.dtype)
+    w_global = torch.tensor(global_decode, dtype=torch.float32, device=t.device)
+    return (a @ _nvfp4_dequantize(packed, scale, w_global, compute).T).to(t.dtype)
 
 
-def reference(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale):
+def reference(x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+              down_global):
     compute = torch.promote_types(x.dtype, torch.float32)
     x2 = x.reshape(-1, x.shape[-1])
-    h = F.silu(_linear(x2, gate_packed, gate_scale, compute)) * _linear(x2, up_packed, up_scale, compute)
-    return _linear(h, down_packed, down_scale, compute).view(x.shape)
+    gate = _linear(x2, gate_packed, gate_scale, gate_global, compute)
+    h = F.silu(gate) * _linear(x2, up_packed, up_scale, up_global, compute)
+    return _linear(h, down_packed, down_scale, down_global, compute).view(x.shape)
