@@ -201,6 +201,7 @@ def test_a_referee_dead_before_the_kernel_loads_is_the_judges(tmp_path):
     for said, status in ((b"ready", Status.INFRA_ERROR), (b"readyL", Status.CRASHED)):
         evaluation = Evaluation.__new__(Evaluation)
         evaluation.start_s, evaluation.launch = 0.1, SimpleNamespace(signals={"referee": said})
+        evaluation.stops, evaluation.reliefs = [], []
         evaluation.children = {"referee": child("referee", "import os; os.kill(os.getpid(), 9)"),
                                "candidate": child("candidate", "pass")}
         evaluation.ended = {name: c.popen.returncode for name, c in evaluation.children.items()}

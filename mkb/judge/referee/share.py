@@ -83,3 +83,17 @@ def _cpu(profile: dict) -> dict:
             "basis": "cpu time (DSL calls vs ATen operators, each at its fastest call)",
             "dsl_ms": sum(dsl) / n / 1e3, "total_ms": (sum(dsl) + sum(other)) / n / 1e3, "calls": len(calls),
             **({} if total > 0 else {"why": "neither a DSL call nor a torch operator ran in solve()"})}
+
+
+def _excluded(inst: dict, kind: str, dsl: str, torch_launched: set[str]) -> str | None:
+    if kind != dsl:
+        return None
+    if not IDENTIFIER.fullmatch(bare(inst["name"])):
+        return "not a plain identifier (DSL kernels have one)"
+    if inst.get("launch") == "aten":
+        return "launched inside a torch operator"
+    if inst.get("launch") == "other":
+        return "launched outside every DSL call"
+    if inst["name"] in torch_launched:
+        return "a kernel of the same name was launched by a torch operator"
+    return None
