@@ -159,6 +159,17 @@ def test_a_death_inside_a_knocked_out_draw_is_evidence_and_a_fresh_process_goes_
 
 
 @needs_sandbox
+def test_a_knocked_out_draw_that_raised_hands_the_rest_to_a_fresh_process(graded):
+    """A sticky error (a CUDA context after an illegal address) fails every later call of its process."""
+    record = graded("knockout_sticky_tirx_p28")
+    assert record.status == Status.PASSED, record.message
+    nan = record.details["knockout"]["nan"]
+    assert nan["evidence"] and nan["relief"] == 1 and "illegal memory access" in nan["how"]
+    relieved, = record.details["relieved"]
+    assert relieved["relieved"] and "SIGKILL" in relieved["exit"]
+
+
+@needs_sandbox
 def test_dying_on_purpose_buys_nothing(graded):
     record = graded("knockout_death_on_purpose")
     assert record.status == Status.CRASHED and "SIGABRT" in record.message

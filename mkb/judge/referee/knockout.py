@@ -12,9 +12,10 @@ mode travels only as the command's flag into the harness's solve frame (wire.py,
   under the problem's tolerance (or solve() must fail) -- different bits are not enough -- and the draw
   must have made at least one DSL call, for both poisons.
 - A candidate process that dies inside a knocked-out draw after at least one DSL call of that draw (a
-  later kernel read indices the poison made wild, and the GPU's sticky error aborted the process) gave the
-  same signal as a wrong answer: the draw counts as evidence, and the grading goes on in a fresh
-  candidate process (referee.relieve; at most one per poison), which must pass every draw still to come,
+  later kernel read indices the poison made wild, and the GPU's sticky error aborted the process), or
+  whose solve() raised there after a DSL call (the same error, raised instead of aborting, leaves the
+  process's CUDA context unusable for every call to come), gave the same signal as a wrong answer: the
+  draw counts as evidence, and the grading goes on in a fresh candidate process (referee.relieve; at most one per poison), which must pass every draw still to come,
   the repeat among them, and is the one timed. Dying gives a kernel nothing it could not get by
   answering wrongly when it guesses a knock-out; a death in any other draw, or before the knocked-out
   draw's first DSL call, is a crash as before.
@@ -61,6 +62,11 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
     problem = _failed_outright(reply, prepared.ref[0], referee)
+    if problem is not None and not reply.get("ok") and calls >= 1:
+        referee.transport.give_back(shared, slots)
+        account = referee.relieve(problem)  # a sticky CUDA error would fail every call to come in this process
+        return {**result, "incorrect": True, "how": f"{problem}; its process was replaced (it {str(account.get('exit'))[:120]})",
+                "evidence": True, "relief": referee.relieved}
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:

@@ -227,7 +227,7 @@ class Referee:
                           traceback=loaded.get("traceback", ""))
 
     def relieve(self, why: str) -> dict:
-        """Go on with a fresh candidate process after this one died inside a knocked-out draw (knockout.py): the
+        """Go on with a fresh candidate process after this one died, or failed, inside a knocked-out draw (knockout.py): the
         judge's parent ends what is left of it and starts a relief (stop.relieve), which passes its preflight and
         imports kernel.py with a new key; the stream takes the relief's fingerprint as its new baseline. Returns the
         parent's account of the dead process (exit: how it ended).
@@ -239,7 +239,7 @@ class Referee:
         self.phase = "relief"
         account = stop.relieve(self.spec["ready_fd"], self.spec["control_fd"])
         if not account.get("relieved"):
-            raise Failure(Status.CRASHED, f"the candidate process died during {phase} ({why}; it "
+            raise Failure(Status.CRASHED, f"the candidate process had to be replaced during {phase} ({why}; it "
                                           f"{str(account.get('exit') or 'ended')[:200]}) and no fresh one could be "
                                           f"started: {str(account.get('why'))[:300]}")
         for fd in (self.c.read_fd, self.c.write_fd):
