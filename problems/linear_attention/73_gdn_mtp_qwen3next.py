@@ -1,19 +1,20 @@
-"""Gated delta rule multi-token (MTP draft verification) step over a pooled fp32 state stored [V, K]: each of 32 requests reads its state from the pool by index and runs 4 draft tokens (decay from A_log/a/dt_bias, beta = sigmoid(b), q and k used as given, 8 q/k heads shared by 16 v heads); returns (o bf16 [32,4,16,128], the pool fp32 [49,16,128,128] with each request's slot holding its final state)."""
+"""Gated delta rule multi-token (MTP draft verification) step over a pooled fp32 state stored [V, K]: each of 32 requests reads its state from the pool by index and runs 4 draft tokens (decay from A_log/a/dt_bias, beta = sigmoid(b), q and k used as given, 8 q/k heads shared by 16 v heads); returns (o bf16 [32,4,16,128], an unchanged copy of the pool fp32 [49,16,128,128], as the original returns it)."""
 # Source: Qwen3-Next-80B-A3B at tensor parallel 2 (8 q/k heads, 16 v heads of 128; v head h reads
 # q/k head h // 2); its multi-token-prediction drafts are verified by running several tokens per
 # request through every layer in one step.
 # Original (MetaKernelBench p73, FlashInfer-Trace gdn_mtp_qk8_v16_d128_k_last): inputs (q, k
 # [32, 4, 8, 128], v [32, 4, 16, 128], initial_state pool fp32 [49, 16, 128, 128] with the key dim
 # last, initial_state_indices int32 [32] (distinct slots), A_log, a, dt_bias, b [32, 4, 16],
-# scale); the captured A_log and dt_bias values below. Known defect not copied: the original's
-# second output is an unchanged copy of the pool; ours is the pool with the 32 used slots replaced
-# by their final states (same shape and dtype), what the step must leave behind.
+# scale); the captured A_log and dt_bias values below. Its second output is an unchanged copy of the
+# pool (a draft verification commits no state until the drafts are accepted), and so is ours: until
+# 2026-12-07 ours held each request's final state in its slot, which the original does not.
 # Per (request, token, v head), with S = pool[index]^T [K, V]: S' = alpha S; u = k^T S';
 # S = S' + k (beta v + (1 - beta) u - u)^T; o = scale * q^T S.
 # Reference: a loop over (request, token, head), as the original evaluates it, fp32 (fp64 in the
 # anchor).
 # Fixed: shapes, A_log, dt_bias, scale. Redrawn per draw (at the capture's scales): q (0.63 N),
-# k (0.26 N), v (0.13 N), a (0.82 + 2.24 N), b (0.45 + 2.02 N), all bf16; pool 0.0215 N (fp32);
+# k (0.26 N), v (0.13 N) (each drawn N(0,1) in bf16 and scaled in bf16, as the original), a (0.82 + 2.24 N),
+# b (0.45 + 2.02 N), all bf16; pool 0.0215 N (fp32);
 # the 32 slot indices (the first 32 of a random permutation of the 49 slots).
 import torch
 import torch.nn.functional as F
@@ -35,9 +36,9 @@ SCALE = 0.08838834764831843
 def make_inputs(device="cuda", scale="full"):
     batch, steps, pool, hk, hv, d = (32, 4, 49, 8, 16, 128) if scale == "full" else (3, 4, 5, 2, 4, 16)
     bf = torch.bfloat16
-    q = (0.63 * torch.randn(batch, steps, hk, d, device=device)).to(bf)
-    k = (0.26 * torch.randn(batch, steps, hk, d, device=device)).to(bf)
-    v = (0.13 * torch.randn(batch, steps, hv, d, device=device)).to(bf)
+    q = 0.63 * torch.randn(batch, steps, hk, d, device=device, dtype=bf)
+    k = 0.26 * torch.randn(batch, steps, hk, d, device=device, dtype=bf)
+    v = 0.13 * torch.randn(batch, steps, hv, d, device=device, dtype=bf)
     state_pool = 0.0215 * torch.randn(pool, hv, d, d, device=device)
     indices = torch.randperm(pool, device=device)[:batch].to(torch.int32)
     a = (0.82 + 2.24 * torch.randn(batch, steps, hv, device=device)).to(bf)
@@ -56,10 +57,9 @@ def reference(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale):
     kh = k.to(cdt).repeat_interleave(hv // hk, dim=2)
     vh = v.to(cdt)
     out = torch.empty(v.shape, dtype=q.dtype, device=q.device)
-    final = state_pool.to(cdt, copy=True)
+    pool = state_pool.to(cdt, copy=True)
     for i in range(batch):
-        slot = int(indices[i])
-        s = final[slot].transpose(-1, -2).clone()                       # [Hv, K, V]
+        s = pool[int(indices[i])].transpose(-1, -2).clone()             # [Hv, K, V]
         for t in range(steps):
             for h in range(hv):
                 sh = alpha[i, t, h] * s[h]
@@ -67,5 +67,4 @@ def reference(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale):
                 target = beta[i, t, h] * vh[i, t, h] + (1 - beta[i, t, h]) * recalled
                 s[h] = sh + kh[i, t, h, :, None] * (target - recalled)[None, :]
                 out[i, t, h] = (scale * (qh[i, t, h] @ s[h])).to(q.dtype)
-        final[slot] = s.transpose(-1, -2)
-    return out, final
+    return out, pool
