@@ -39,7 +39,7 @@ def make_inputs(device="cuda", scale="full"):
     total, bf = cu[-1], torch.bfloat16
     q = F.normalize(torch.randn(total, hk, d, device=device), p=2, dim=-1).to(bf)
     k = F.normalize(torch.randn(total, hk, d, device=device), p=2, dim=-1).to(bf)
-    v = (0.041 * torch.randn(total, hv, d, device=device)).to(bf)
+    v = 0.041 * torch.randn(total, hv, d, device=device, dtype=bf)
     state = d ** -0.5 * torch.randn(len(cu) - 1, hv, d, d, device=device)
     a = (-0.12 + 1.26 * torch.randn(total, hv, device=device)).to(bf)
     b = (1.47 + 2.01 * torch.randn(total, hv, device=device)).to(bf)
