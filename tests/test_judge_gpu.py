@@ -61,6 +61,8 @@ def test_graded_on_the_gpu(fixture, scale, timing, catalog, gpu_records):
     gpu_records("judge_records", {"fixture": fixture, "scale": scale, "timing": timing, "expected": expected,
                                   "hack": facts["hack"], "record": record.model_dump(mode="json")})
     assert record.status == expected, f"{facts['hack']}\n{record.message}\n{record.log_tail[-2000:]}"
+    if fixture == "gpu_knockout_wild_index_tirx_p28":  # the poisoned draw killed its CUDA context: a fresh process went on
+        assert record.details["relieved"] and record.details["knockout"]["nan"]["relief"] >= 1
     if fixture in VALID:
         assert record.kernel_ms > 0 and record.eager_ms > 0 and record.dsl_check == Check.PASSED
         kernel, eager = record.details["timing"]["kernel"], record.details["timing"]["eager"]
