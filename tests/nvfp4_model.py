@@ -1,4 +1,4 @@
-"""CPU model of the NVFP4 solutions' arithmetic (p55, p61), and of the reference as torch runs it on a GPU.
+"""CPU model of the NVFP4 solutions' arithmetic (p55, p59, p61), and of the reference as torch runs it on a GPU.
 
 The judge's reference runs on the H200, where torch differs from its CPU build in one operation these
 problems use: a CUDA tensor divided by a Python number is multiplied by the number's reciprocal rounded
@@ -11,7 +11,7 @@ bit for bit with `kernel_quantize`, the solutions' quantization kernel written o
 The GEMMs are modelled as the tensor cores accumulate them: per k16 step, the exact dot product of the
 step's 16 bf16 products is added to the fp32 accumulator and the sum rounded to nearest ("rn") or cut
 towards zero ("rz", the pessimistic model of tests/p49_model.py); the global decode scales multiply the
-accumulator once.
+accumulator once; p59 keeps the product in fp32, p55 and p61 round it to bf16.
 """
 
 from __future__ import annotations
@@ -124,3 +124,10 @@ def solve_p55(problem, inputs, rounding: str = "rn") -> torch.Tensor:
     keep = dest >= 0
     out[dest[keep]] = vision[keep]
     return out.view(*ids.shape, -1)
+
+
+def solve_p59(problem, inputs, rounding: str = "rn") -> torch.Tensor:
+    """What the p59 kernels return: the fp32 accumulator times fl(x_global * w_global), kept in fp32."""
+    x, wp, ws, wg = inputs
+    a, _, gx = kernel_quantize(x)
+    return gemm(a, decode(problem, wp, ws), rounding).to(F32) * (gx * wg.to(F32))

@@ -1,7 +1,7 @@
-"""The pending NVFP4 solutions p55 and p61, their algorithm re-computed on the CPU and judged by the judge's rule.
+"""The NVFP4 solutions p55, p59 and p61, their algorithm re-computed on the CPU and judged by the judge's rule.
 
 tests/nvfp4_model.py writes out what the kernels compute (quantization in fp32 in the kernels' order, exact
-bf16 decodes, the tensor cores' fp32 accumulation per k16 step, the bf16 epilogues). Here the quantization
+bf16 decodes, the tensor cores' fp32 accumulation per k16 step, the epilogues: bf16 for p55 and p61, fp32 for p59). Here the quantization
 must give the problem's own codes, block scales and global scale bit for bit under torch's CUDA division
 rule, and the outputs must stay inside mkb.tensortree.compare's allowance against the fp64 anchor, at smoke
 scale and on slices with the full K and N of the problems, for round-to-nearest and cut accumulation.
@@ -75,9 +75,9 @@ def _p61_slice(tokens: int, seed: int):
 
 
 @pytest.mark.parametrize("rounding", ["rn", "rz"])
-@pytest.mark.parametrize("pid", ["p55", "p61"])
+@pytest.mark.parametrize("pid", ["p55", "p59", "p61"])
 def test_inside_the_tolerance_at_smoke_scale(pid, rounding):
-    problem, solve = m.load_problem(pid), {"p55": m.solve_p55, "p61": m.solve_p61}[pid]
+    problem, solve = m.load_problem(pid), {"p55": m.solve_p55, "p59": m.solve_p59, "p61": m.solve_p61}[pid]
     for seed in range(3):
         torch.manual_seed(seed)
         inputs = problem.make_inputs(device="cpu", scale="smoke")
@@ -106,3 +106,25 @@ def test_p55_inside_the_tolerance_on_a_full_width_slice():
     out = m.solve_p55(problem, inputs, "rz")
     assert torch.equal(out[~mask], table[ids][~mask])          # the gathered rows are copies
     assert _ratio(problem, inputs, out) < 0.5
+
+
+@pytest.mark.parametrize("rounding", ["rn", "rz"])
+def test_p59_inside_the_fp32_tolerance_on_a_full_width_slice(rounding):
+    """K = 4096 and N = 2816 as at full scale, 16 tokens. p59 returns fp32: where the reference's fp32
+    quantization of x and the anchor's fp64 one agree (seed 101), the allowance is fp32-sized and the
+    kernels' product (exact block dots, one rounding times the global scales) must sit inside it; where
+    they differ in a code (seed 100, as in every full-scale draw), the kernels make the reference's choice."""
+    problem = m.load_problem("p59")
+    allowances = []
+    for seed in (100, 101):
+        torch.manual_seed(seed)
+        x = torch.randn(16, 4096, dtype=BF)
+        inputs = [x, *problem._nvfp4_quantize(0.02 * torch.randn(2816, 4096))]
+        out = m.solve_p59(problem, inputs, rounding)
+        assert out.dtype == torch.float32 and out.shape == (16, 2816)
+        assert _ratio(problem, inputs, out) < 0.5
+        with m.cuda_division():
+            ref, anchor = problem.reference(*inputs), problem.reference(*numerics.fp64(inputs))
+        allowances.append(3 * max(float((ref.double() - anchor).abs().max()),
+                                  torch.finfo(torch.float32).eps * float(anchor.abs().max())))
+    assert min(allowances) < 1e-4 < max(allowances)   # one draw in each regime
