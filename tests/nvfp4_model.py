@@ -10,8 +10,8 @@ bit for bit with `kernel_quantize`, the solutions' quantization kernel written o
 
 The GEMMs are modelled as the tensor cores accumulate them: per k16 step, the exact dot product of the
 step's 16 bf16 products is added to the fp32 accumulator and the sum rounded to nearest ("rn") or cut
-towards zero ("rz", the pessimistic model of tests/p49_model.py); the global decode scales multiply the
-accumulator once; p59 keeps the product in fp32, p55 and p61 round it to bf16.
+towards zero ("rz", the pessimistic model of tests/p49_model.py); the epilogue multiplies the accumulator
+by fl(activation global * weight global) once; p59 keeps the product in fp32, p55 and p61 round it to bf16 once.
 """
 
 from __future__ import annotations
@@ -90,22 +90,25 @@ def gemm(a: torch.Tensor, b: torch.Tensor, rounding: str) -> torch.Tensor:
 
 
 def epilogue(acc: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """bf16(fp32(acc) * g)."""
+    """bf16(fp32(acc) * g), g an fp32 scalar or one per output column."""
     return (acc.to(F32) * g).to(torch.bfloat16)
 
 
 def solve_p61(problem, inputs, rounding: str = "rn") -> torch.Tensor:
-    """What the p61 kernels return (both DSLs: same order, same roundings)."""
-    x, gp, gs, upk, us, dp, ds = inputs
+    """What the p61 kernels return (both DSLs: same order, same roundings). The weights' global decode scales
+    are Python floats, rounded to fp32 on the way in (tvm-ffi, TVM's packed entry); the fused [gate | up]
+    GEMM scales its gate columns by fl(x_global * gate_global) and its up columns by fl(x_global * up_global)."""
+    x, gp, gs, gg, upk, us, ug, dp, ds, dg = inputs
     x2 = x.reshape(-1, x.shape[-1])
     a, _, gx = kernel_quantize(x2)
     inter = gp.shape[0]
-    gu = epilogue(gemm(a, torch.cat([decode(problem, gp, gs), decode(problem, upk, us)]), rounding), gx)
+    gw = torch.cat([torch.full((inter,), gg, dtype=F32), torch.full((inter,), ug, dtype=F32)])
+    gu = epilogue(gemm(a, torch.cat([decode(problem, gp, gs), decode(problem, upk, us)]), rounding), gx * gw)
     g, u = gu[:, :inter].to(F32), gu[:, inter:].to(F32)
     silu = (g / (1.0 + torch.exp(-g))).to(torch.bfloat16).to(F32)
     h = (silu * u).to(torch.bfloat16)
     ah, _, gh = kernel_quantize(h)
-    return epilogue(gemm(ah, decode(problem, dp, ds), rounding), gh).view(x.shape)
+    return epilogue(gemm(ah, decode(problem, dp, ds), rounding), gh * torch.tensor(dg, dtype=F32)).view(x.shape)
 
 
 def solve_p55(problem, inputs, rounding: str = "rn") -> torch.Tensor:

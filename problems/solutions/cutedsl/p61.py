@@ -3,7 +3,9 @@ out) in CuTe DSL.
 
 Hopper has no FP4 tensor cores, but every e2m1 value times its e4m3 block scale is exact in bf16 (2 + 4
 significant bits), so both operands of each GEMM go to the tensor cores as exact bf16 values e2m1 * block_scale
-and the activation's global decode scale multiplies the fp32 accumulator once (the weights' is 1).
+and the activation's global decode scale times the weight's multiplies the fp32 accumulator once. The weights'
+global decode scales come as Python floats and reach the GEMM kernel as runtime fp32 scalars (tvm-ffi rounds each
+to nearest, as the reference's fp32 tensor does): no recompilation per value, no extra torch op, no host sync.
 Kernel 1 (AbsMax): 1024 CTAs reduce max |x| over grid-stride shares (16-byte loads) to 1024 partials.
 Kernel 2 (Nvfp4Quant): every CTA reduces the partials to amax and quantizes with the arithmetic of the
 reference as torch runs it on a GPU: encode = fl(fl(1 / amax) * 2688) (torch's `2688.0 / t` is
@@ -14,11 +16,13 @@ scale 1 / encode.
 Kernel 3 (Nvfp4Decode, two launches): the gate and up weights to exact bf16 e2m1 * block_scale, stacked
 [gate; up] into one [24576, 4096] B operand; a third launch decodes the down weight.
 Kernel 4 (ScaledGemm): bf16 WGMMA GEMM, 64x128 CTA tiles (N fastest: each A tile is read from HBM once),
-TMA into a 4-stage mbarrier pipeline, fp32 accumulation, epilogue * x_global, one rounding to bf16:
-[gate | up] = [16384, 24576] bf16, as the reference rounds both.
+TMA into a 4-stage mbarrier pipeline, fp32 accumulation, epilogue acc * fl(x_global * w_global), one rounding
+to bf16: [gate | up] = [16384, 24576] bf16, as the reference rounds both; w_global is gate_global for the
+columns < inter (whole 128-column tiles: inter % 128 == 0) and up_global for the rest.
 Kernel 5 (SwiGlu): h = bf16(bf16(silu(gate)) * up) with silu(g) = g / (1 + exp(-g)) in fp32 (libdevice
 expf, IEEE division: torch's CUDA silu), and the second absmax pass fused: 1024 CTAs write max |h| partials.
-Kernels 2 and 4 again: h quantized with its own global scale, the down GEMM, one rounding to bf16.
+Kernels 2 and 4 again: h quantized with its own global scale, the down GEMM (acc * fl(h_global *
+down_global)), one rounding to bf16.
 """
 import torch
 
@@ -232,14 +236,17 @@ class SwiGlu:
 
 
 class ScaledGemm:
-    """C(M,N) = (A(M,K) @ B(N,K)^T) * ga, bf16 operands, fp32 accumulation, one rounding to C's dtype."""
+    """C(M,N) = (A(M,K) @ B(N,K)^T) * fl(ga * gw), bf16 operands, fp32 accumulation, one rounding to C's dtype;
+    ga = GA[0] (the activation's global decode scale, on the device), gw = g_lo for the column tiles below
+    `split` and g_hi for the others (runtime fp32 scalars: the weights' global decode scales)."""
 
     def __init__(self, stages: int = 4):
         self.bm, self.bn = 64, 128
         self.stages = stages
 
     @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mGA: cute.Tensor, mC: cute.Tensor, stream):
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mGA: cute.Tensor, g_lo: Float32, g_hi: Float32,
+                 split: Int32, mC: cute.Tensor, stream):
         ab = mA.element_type
         a_l, b_l = tensor_utils.LayoutEnum.from_tensor(mA), tensor_utils.LayoutEnum.from_tensor(mB)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
@@ -263,12 +270,13 @@ class ScaledGemm:
         self.ab_dtype = ab
         self.tile = tile
         grid = (cute.ceil_div(mC.shape[1], self.bn), cute.ceil_div(mC.shape[0], self.bm), 1)  # N fastest: A read once
-        self.kernel(tma_a, gA_tma, tma_b, gB_tma, mGA, mC, tiled_mma, sA_l, sB_l).launch(
+        self.kernel(tma_a, gA_tma, tma_b, gB_tma, mGA, g_lo, g_hi, split, mC, tiled_mma, sA_l, sB_l).launch(
             grid=grid, block=[128, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
-               mGA: cute.Tensor, mC: cute.Tensor, tiled_mma: cute.TiledMma,
+               mGA: cute.Tensor, g_lo: Float32, g_hi: Float32, split: Int32, mC: cute.Tensor,
+               tiled_mma: cute.TiledMma,
                sA_l: cute.ComposedLayout, sB_l: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         bn, bm, _ = cute.arch.block_idx()
@@ -331,7 +339,9 @@ class ScaledGemm:
                           tma_bar_ptr=pipe.producer_get_barrier(prod))
                 pipe.producer_commit(prod)
                 prod.advance()
-        g = mGA[0]
+        g = mGA[0] * g_lo                   # the tile's columns all lie on one side of split
+        if bn * self.bn >= split:
+            g = mGA[0] * g_hi
         for i in cutlass.range_constexpr(cute.size(acc)):
             if cute.elem_less(cC[i], mC.shape):
                 tCgC[i] = (acc[i] * g).to(mC.element_type)
@@ -345,9 +355,10 @@ def _arch():
     return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
-def _prepare(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale, arch=None):
+def _prepare(x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+             down_global, arch=None):
     hidden, inter = x.shape[-1], gate_packed.shape[0]
-    assert hidden % CHUNK == 0 and inter % CHUNK == 0 and GRID % THREADS == 0, (x.shape, gate_packed.shape)
+    assert hidden % CHUNK == 0 and inter % 128 == 0 and GRID % THREADS == 0, (x.shape, gate_packed.shape)
     assert gate_packed.shape[-1] * 2 == hidden and down_packed.shape == (hidden, inter // 2), down_packed.shape
     if (hidden, inter) not in _COMPILED:
         opts = f"--gpu-arch {arch or _arch()} --enable-tvm-ffi"
@@ -361,6 +372,7 @@ def _prepare(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_
         fx, fh, fgu = mat(bf, m, hidden), mat(bf, m, inter), mat(bf, m, 2 * inter)
         fpart = make_fake_compact_tensor(Float32, (GRID,))
         one = make_fake_compact_tensor(Float32, (1,))
+        gw = (Float32(1.0), Float32(1.0), Int32(0))       # runtime weight globals and split column
 
         def decode(k):
             return cute.compile(Nvfp4Decode(k), mat(u8, rows, k // 2),
@@ -371,18 +383,20 @@ def _prepare(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_
             cute.compile(AbsMax(hidden), fx, fpart, stream, options=opts),
             cute.compile(Nvfp4Quant(hidden), fx, fpart, fx, one, stream, options=opts),
             decode(hidden),
-            cute.compile(ScaledGemm(), fx, mat(bf, 2 * inter, hidden), one, fgu, stream, options=opts),
+            cute.compile(ScaledGemm(), fx, mat(bf, 2 * inter, hidden), one, *gw, fgu, stream, options=opts),
             cute.compile(SwiGlu(inter), fgu, fh, fpart, stream, options=opts),
             cute.compile(Nvfp4Quant(inter), fh, fpart, fh, one, stream, options=opts),
             decode(inter),
-            cute.compile(ScaledGemm(), fh, mat(bf, hidden, inter), one, fx, stream, options=opts),
+            cute.compile(ScaledGemm(), fh, mat(bf, hidden, inter), one, *gw, fx, stream, options=opts),
         )
     return list(_COMPILED[(hidden, inter)])
 
 
-def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale):
+def solve(x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+          down_global):
     absmax, quant_x, decode_x, gemm_up, swiglu, quant_h, decode_h, gemm_down = _prepare(
-        x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale)
+        x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+        down_global)
     hidden, inter = x.shape[-1], gate_packed.shape[0]
     x2 = x.reshape(-1, hidden)
     tokens, dev, bf = x2.shape[0], x.device, torch.bfloat16
@@ -396,7 +410,7 @@ def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_sca
     decode_x(gate_packed, gate_scale.view(torch.uint8), w_gu[:inter])
     decode_x(up_packed, up_scale.view(torch.uint8), w_gu[inter:])
     gu = torch.empty(tokens, 2 * inter, dtype=bf, device=dev)
-    gemm_up(a, w_gu, x_global, gu)
+    gemm_up(a, w_gu, x_global, gate_global, up_global, inter, gu)
     h = torch.empty(tokens, inter, dtype=bf, device=dev)
     swiglu(gu, h, partial)
     a_h = torch.empty(tokens, inter, dtype=bf, device=dev)
@@ -404,5 +418,5 @@ def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_sca
     w_d = torch.empty(hidden, inter, dtype=bf, device=dev)
     decode_h(down_packed, down_scale.view(torch.uint8), w_d)
     out = torch.empty(tokens, hidden, dtype=bf, device=dev)
-    gemm_down(a_h, w_d, h_global, out)
+    gemm_down(a_h, w_d, h_global, down_global, down_global, hidden, out)
     return out.view(x.shape)

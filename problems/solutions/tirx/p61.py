@@ -3,7 +3,10 @@ out) in TIRx.
 
 Hopper has no FP4 tensor cores, but every e2m1 value times its e4m3 block scale is exact in bf16 (2 + 4
 significant bits), so both operands of each GEMM go to the tensor cores as exact bf16 values e2m1 * block_scale
-and the activation's global decode scale multiplies the fp32 accumulator once (the weights' is 1).
+and the activation's global decode scale times the weight's multiplies the fp32 accumulator once. The weights'
+global decode scales come as Python floats and reach the GEMM kernel as runtime float32 parameters (TVM's
+packed-function entry rounds each to nearest, as the reference's fp32 tensor does): no recompilation per
+value, no extra torch op, no host sync.
 Kernel 1 (absmax): 1024 CTAs reduce max |x| over grid-stride shares (16-byte loads) to 1024 partials.
 Kernel 2 (quant): every CTA reduces the partials to amax and quantizes with the arithmetic of the reference
 as torch runs it on a GPU: encode = fl(fl(1 / amax) * 2688) (torch's `2688.0 / t` is `t.reciprocal() *
@@ -15,8 +18,9 @@ them approximate).
 Kernel 3 (decode, three launches): the gate and up weights to exact bf16 e2m1 * block_scale, stacked
 [gate; up] into one [24576, 4096] B operand, and the down weight.
 Kernel 4 (gemm, two launches): bf16 WGMMA GEMM, 64x128 CTA tiles (N fastest), TMA with 128-byte swizzle,
-fp32 accumulation, epilogue * the activation's global decode scale, one rounding to bf16: first
-[gate | up] = [16384, 24576] bf16 (as the reference rounds both), then the down projection.
+fp32 accumulation, epilogue acc * fl(activation global * weight global), one rounding to bf16: first
+[gate | up] = [16384, 24576] bf16 (as the reference rounds both; gate_global for the columns < inter, whole
+128-column tiles as inter % 128 == 0, up_global for the rest), then the down projection (down_global).
 Kernel 5 (swiglu): h = bf16(bf16(silu(gate)) * up), silu(g) = g / (1 + exp(-g)) with exp in fp64 rounded to
 fp32 and an IEEE division (torch's CUDA silu up to expf's last bit), and the second absmax pass fused:
 1024 CTAs write max |h| partials for kernel 2's second launch on h.
@@ -233,10 +237,11 @@ def _make_swiglu(I: int):
 
 
 def _make_gemm():
-    """C(M,N) = bf16((A(M,K) @ B(N,K)^T) * GA[0]), fp32 accumulation."""
+    """C(M,N) = bf16((A(M,K) @ B(N,K)^T) * fl(GA[0] * gw)), fp32 accumulation; gw = g_lo for the column tiles
+    below `split`, g_hi for the others (runtime float32 parameters: the weights' global decode scales)."""
 
     @T.prim_func
-    def gemm(a: T.handle, b: T.handle, ga: T.handle, c: T.handle):
+    def gemm(a: T.handle, b: T.handle, ga: T.handle, g_lo: T.float32, g_hi: T.float32, split: T.int32, c: T.handle):
         M = T.int32()
         N = T.int32()
         K = T.int32()
@@ -288,7 +293,7 @@ def _make_gemm():
             for i in T.unroll(NACC):
                 T.cuda.wgmma.noop_barrier(acc[i])
             T.cuda.cta_sync()              # smem is reused by the next TMA load
-        g: T.float32 = GA[0]
+        g: T.float32 = GA[0] * T.Select(bn * BN < split, g_lo, g_hi)   # a tile lies on one side of split
         for i in T.unroll(NACC // 4):      # fragment element (i, h, j): row r0 + 8h, col 8i + 2(tx%4) + j
             for h in T.unroll(2):
                 for j in T.unroll(2):
@@ -314,9 +319,10 @@ def _build(func, arch):
         return tvm.compile(tvm.IRModule({"main": func}), target=target, tir_pipeline="tirx")
 
 
-def _prepare(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale, arch=None):
+def _prepare(x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+             down_global, arch=None):
     hidden, inter = x.shape[-1], gate_packed.shape[0]
-    assert hidden % CHUNK == 0 and inter % CHUNK == 0 and GRID % THREADS == 0, (x.shape, gate_packed.shape)
+    assert hidden % CHUNK == 0 and inter % BN == 0 and GRID % THREADS == 0, (x.shape, gate_packed.shape)
     assert gate_packed.shape[-1] * 2 == hidden and down_packed.shape == (hidden, inter // 2), down_packed.shape
     if (hidden, inter) not in _COMPILED:
         arch = arch or _arch()
@@ -326,9 +332,11 @@ def _prepare(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_
     return list(_COMPILED[(hidden, inter)])
 
 
-def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale):
+def solve(x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+          down_global):
     absmax, quant_x, decode_x, gemm, swiglu, quant_h, decode_h = _prepare(
-        x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_scale)
+        x, gate_packed, gate_scale, gate_global, up_packed, up_scale, up_global, down_packed, down_scale,
+        down_global)
     hidden, inter = x.shape[-1], gate_packed.shape[0]
     x2 = x.reshape(-1, hidden)
     tokens, dev, bf = x2.shape[0], x.device, torch.bfloat16
@@ -342,7 +350,7 @@ def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_sca
     decode_x(gate_packed, gate_scale.view(torch.uint8), w_gu[:inter])
     decode_x(up_packed, up_scale.view(torch.uint8), w_gu[inter:])
     gu = torch.empty(tokens, 2 * inter, dtype=bf, device=dev)
-    gemm(a, w_gu, x_global, gu)
+    gemm(a, w_gu, x_global, gate_global, up_global, inter, gu)
     h = torch.empty(tokens, inter, dtype=bf, device=dev)
     swiglu(gu, h, partial)
     a_h = torch.empty(tokens, inter, dtype=bf, device=dev)
@@ -350,5 +358,5 @@ def solve(x, gate_packed, gate_scale, up_packed, up_scale, down_packed, down_sca
     w_d = torch.empty(hidden, inter, dtype=bf, device=dev)
     decode_h(down_packed, down_scale.view(torch.uint8), w_d)
     out = torch.empty(tokens, hidden, dtype=bf, device=dev)
-    gemm(a_h, w_d, h_global, out)
+    gemm(a_h, w_d, h_global, down_global, down_global, hidden, out)
     return out.view(x.shape)
