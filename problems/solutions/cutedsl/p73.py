@@ -83,6 +83,10 @@ class GdnMtp:
             src = cute.zipped_divide(s_in[p, h, cutlass.min(first + gi * RG, DK - 1), None], (4,))
             for m in cutlass.range_constexpr(M):
                 cute.autovec_copy(src[None, li + L * m], S[gi][m])
+        for gi in cutlass.range_constexpr(G):                  # the output: the rows as loaded (a clamped row twice)
+            dst = cute.zipped_divide(s_out[p, h, cutlass.min(first + gi * RG, DK - 1), None], (4,))
+            for m in cutlass.range_constexpr(M):
+                cute.autovec_copy(S[gi][m], dst[None, li + L * m])
         kv, kn = ([cute.make_rmem_tensor((4,), k.element_type) for _ in range(M)] for _ in range(2))
         qv, qn = ([cute.make_rmem_tensor((4,), q.element_type) for _ in range(M)] for _ in range(2))
         vv, vn = (cute.make_rmem_tensor((G,), v.element_type) for _ in range(2))
@@ -129,12 +133,6 @@ class GdnMtp:
                             kv[m].store(kn[m].load())
                             qv[m].store(qn[m].load())
                         vv.store(vn.load())
-        for gi in cutlass.range_constexpr(G):
-            row = first + gi * RG
-            if row < DK:
-                dst = cute.zipped_divide(s_out[p, h, row, None], (4,))
-                for m in cutlass.range_constexpr(M):
-                    cute.autovec_copy(S[gi][m], dst[None, li + L * m])
 
 
 _COMPILED = {}

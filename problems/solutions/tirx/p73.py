@@ -78,6 +78,10 @@ def _make(HK: int, HV: int, DK: int, STEPS: int, SCALE: float):
             for m in T.unroll(M):
                 T.tile.copy(S[(gi * M + m) * 4:(gi * M + m) * 4 + 4],
                             SIN[p, h, T.min(ii[0] + gi * RG, DK - 1), c0 + 4 * L * m:c0 + 4 * L * m + 4])
+        for gi in T.unroll(G):                       # the output pool: the rows as loaded (a clamped row twice)
+            for m in T.unroll(M):
+                T.tile.copy(SOUT[p, h, T.min(ii[0] + gi * RG, DK - 1), c0 + 4 * L * m:c0 + 4 * L * m + 4],
+                            S[(gi * M + m) * 4:(gi * M + m) * 4 + 4])
         for c in T.serial((nb + 31) // 32):          # the requests that own this slot, in order
             ii[2] = 0
             if c * 32 + tx % 32 < nb:
@@ -133,11 +137,6 @@ def _make(HK: int, HV: int, DK: int, STEPS: int, SCALE: float):
                             qb[i] = qn[i]
                         for gi in T.unroll(G):
                             vb[gi] = vn[gi]
-        for gi in T.unroll(G):
-            if ii[0] + gi * RG < DK:
-                for m in T.unroll(M):
-                    T.tile.copy(SOUT[p, h, ii[0] + gi * RG, c0 + 4 * L * m:c0 + 4 * L * m + 4],
-                                S[(gi * M + m) * 4:(gi * M + m) * 4 + 4])
 
     return gdn_mtp
 
