@@ -165,19 +165,24 @@ def test_a_p72_replay_without_the_decay_is_caught():
     assert not tt.compare("out[1]", out[1], ref[1], anchor[1], numerics.factor(problem)).ok
 
 
-def p73_model(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale):
-    """The pending p73 kernels' arithmetic: (o bf16 [B, T, Hv, V], pool fp32 [P, Hv, V, K]); p72's step per token."""
+def p73_model(q, k, v, state_pool, indices, A_log, a, dt_bias, b, scale, commit=False):
+    """The p73 kernels' arithmetic: (o bf16 [B, T, Hv, V], pool fp32 [P, Hv, V, K]); p72's step per token.
+
+    The kernels store each slot's rows as loaded, before any token updates them: the pool comes back unchanged.
+    commit=True writes each request's final state into its slot instead (the kernels before 2026-12-07).
+    """
     rep = v.shape[2] // q.shape[2]
     alpha, beta = _gates(A_log, a, dt_bias, b)                     # [B, T, Hv]
     qh = q.float().repeat_interleave(rep, dim=2)
     kh = k.float().repeat_interleave(rep, dim=2)
     o = torch.empty(v.shape, dtype=torch.float32)
     pool = state_pool.float().clone()
-    for i, slot in enumerate(indices.tolist()):                    # request order: repeated slots would chain
-        s = pool[slot]
+    for i, slot in enumerate(indices.tolist()):                    # distinct slots (the problem draws them so)
+        s = state_pool[slot].float()
         for t in range(q.shape[1]):
             o[i, t], s = gdn_step(s, qh[i, t], kh[i, t], v[i, t].float(), alpha[i, t], beta[i, t], scale)
-        pool[slot] = s
+        if commit:
+            pool[slot] = s
     return o.to(q.dtype), pool
 
 
@@ -186,17 +191,30 @@ def test_p73_kernel_arithmetic_is_well_inside_the_tolerance(scale):
     problem = numerics.load_problem("p73")
     torch.manual_seed(74)
     inputs = problem.make_inputs(device="cpu", scale=scale)
-    ratios = _ratios(problem, inputs, p73_model(*inputs))
+    out = p73_model(*inputs)
+    ratios = _ratios(problem, inputs, out)
     assert max(ratios) < 0.5, ratios
+    assert torch.equal(problem.reference(*inputs)[1], inputs[3])   # the copy the kernels store, bit for bit
 
 
-def test_a_p73_replay_that_skips_the_last_draft_token_is_caught():
-    """The check can fail: the final states left after 3 of the 4 draft tokens are far outside the tolerance."""
+def test_a_p73_replay_without_the_decay_is_caught():
+    """The check can fail: o replayed with alpha = 1 (the decay forgotten) is far outside the tolerance."""
     problem = numerics.load_problem("p73")
     torch.manual_seed(75)
     inputs = problem.make_inputs(device="cpu", scale="smoke")
     q, k, v, pool, idx, A_log, a, dt_bias, b, sc = inputs
-    out = p73_model(q[:, :3], k[:, :3], v[:, :3], pool, idx, A_log, a[:, :3], dt_bias, b[:, :3], sc)
+    out = p73_model(q, k, v, pool, idx, torch.full_like(A_log, -60.0), a, dt_bias, b, sc)
+    ref = problem.reference(*inputs)
+    anchor = problem.reference(*numerics.fp64(inputs))
+    assert not tt.compare("out[0]", out[0], ref[0], anchor[0], numerics.factor(problem)).ok
+
+
+def test_a_p73_replay_that_commits_the_final_states_is_caught():
+    """The check can fail: the pool with each request's final state in its slot (the old kernels) is refused."""
+    problem = numerics.load_problem("p73")
+    torch.manual_seed(76)
+    inputs = problem.make_inputs(device="cpu", scale="smoke")
+    out = p73_model(*inputs, commit=True)
     ref = problem.reference(*inputs)
     anchor = problem.reference(*numerics.fp64(inputs))
     assert not tt.compare("out[1]", out[1], ref[1], anchor[1], numerics.factor(problem)).ok

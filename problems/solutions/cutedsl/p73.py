@@ -4,12 +4,14 @@ The pool is stored [slot, V, K] per value head (key dim last): row j (value j) i
 update is independent per row.  8 lanes share a row, lane l holding the float4s l, l + 8, l + 16, l + 24 of it
 (every warp-wide 16-byte load or store covers whole 128-byte lines); a warp holds 4 row groups of 4 rows
 (64 registers of state), all its loads issued before anything else.  A CTA of 4 warps covers 64 rows of one
-(value head, pool slot): 2 x 16 x 49 = 1568 CTAs, one read and one write of the pool, the SOL traffic.  Each
-warp then finds the requests that own its slot (a ballot over 32 indices at a time; distinct by construction,
-repeated slots would chain in request order as the reference's loop does) and runs their draft tokens on the
-rows in registers: S' = alpha S, k.S' and q.S_new as 4 per-component FMA partial sums per lane,
-(p0 + p1) + (p2 + p3), then a butterfly over the row's 8 lanes (xor 1, 2, 4); delta = (v - k.S') beta;
-S_new = S' + k delta; o = (q.S_new) scale.  A slot no request owns is copied through.  The per-token gates
+(value head, pool slot): 2 x 16 x 49 = 1568 CTAs, one read and one write of the pool, the SOL traffic.  The
+second output is the input pool unchanged (a draft verification commits no state): each warp stores its rows
+as loaded, before any token touches them, so every slot is copied bit for bit.  Each warp then finds the
+requests that own its slot (a ballot over 32 indices at a time; distinct by construction: a repeated slot
+would chain its requests in request order, where the reference starts each from the input pool) and runs
+their draft tokens on the rows in registers, for o only: S' = alpha S, k.S' and q.S_new as 4 per-component FMA
+partial sums per lane, (p0 + p1) + (p2 + p3), then a butterfly over the row's 8 lanes (xor 1, 2, 4);
+delta = (v - k.S') beta; S_new = S' + k delta; o = (q.S_new) scale; the final states are dropped.  The per-token gates
 alpha = exp(-exp(A_log) softplus(a + dt_bias)) and beta = sigmoid(b) are evaluated in fp64 by lanes 0 .. 2T - 1
 of each warp (one gate each), rounded once, and broadcast by shuffles: no shared memory, no CTA barrier.
 """
@@ -83,6 +85,10 @@ class GdnMtp:
             src = cute.zipped_divide(s_in[p, h, cutlass.min(first + gi * RG, DK - 1), None], (4,))
             for m in cutlass.range_constexpr(M):
                 cute.autovec_copy(src[None, li + L * m], S[gi][m])
+        for gi in cutlass.range_constexpr(G):                  # the output: the rows as loaded (a clamped row twice)
+            dst = cute.zipped_divide(s_out[p, h, cutlass.min(first + gi * RG, DK - 1), None], (4,))
+            for m in cutlass.range_constexpr(M):
+                cute.autovec_copy(S[gi][m], dst[None, li + L * m])
         kv, kn = ([cute.make_rmem_tensor((4,), k.element_type) for _ in range(M)] for _ in range(2))
         qv, qn = ([cute.make_rmem_tensor((4,), q.element_type) for _ in range(M)] for _ in range(2))
         vv, vn = (cute.make_rmem_tensor((G,), v.element_type) for _ in range(2))
@@ -129,12 +135,6 @@ class GdnMtp:
                             kv[m].store(kn[m].load())
                             qv[m].store(qn[m].load())
                         vv.store(vn.load())
-        for gi in cutlass.range_constexpr(G):
-            row = first + gi * RG
-            if row < DK:
-                dst = cute.zipped_divide(s_out[p, h, row, None], (4,))
-                for m in cutlass.range_constexpr(M):
-                    cute.autovec_copy(S[gi][m], dst[None, li + L * m])
 
 
 _COMPILED = {}

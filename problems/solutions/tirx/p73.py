@@ -4,12 +4,14 @@ The pool is stored [slot, V, K] per value head (key dim last): row j (value j) i
 update is independent per row.  8 lanes share a row, lane l holding the float4s l, l + 8, l + 16, l + 24 of it
 (every warp-wide 16-byte load or store covers whole 128-byte lines); a warp holds 4 row groups of 4 rows
 (64 registers of state), all its loads issued before anything else.  A CTA of 4 warps covers 64 rows of one
-(value head, pool slot): 2 x 16 x 49 = 1568 CTAs, one read and one write of the pool, the SOL traffic.  Each
-warp then finds the requests that own its slot (a ballot over 32 indices at a time; distinct by construction,
-repeated slots would chain in request order as the reference's loop does) and runs their draft tokens on the
-rows in registers: S' = alpha S, k.S' and q.S_new as 4 per-component FMA partial sums per lane,
-(p0 + p1) + (p2 + p3), then a butterfly over the row's 8 lanes (xor 1, 2, 4); delta = (v - k.S') beta;
-S_new = S' + k delta; o = (q.S_new) scale.  A slot no request owns is copied through.  The per-token gates
+(value head, pool slot): 2 x 16 x 49 = 1568 CTAs, one read and one write of the pool, the SOL traffic.  The
+second output is the input pool unchanged (a draft verification commits no state): each warp stores its rows
+as loaded, before any token touches them, so every slot is copied bit for bit.  Each warp then finds the
+requests that own its slot (a ballot over 32 indices at a time; distinct by construction: a repeated slot
+would chain its requests in request order, where the reference starts each from the input pool) and runs
+their draft tokens on the rows in registers, for o only: S' = alpha S, k.S' and q.S_new as 4 per-component FMA
+partial sums per lane, (p0 + p1) + (p2 + p3), then a butterfly over the row's 8 lanes (xor 1, 2, 4);
+delta = (v - k.S') beta; S_new = S' + k delta; o = (q.S_new) scale; the final states are dropped.  The per-token gates
 alpha = exp(-exp(A_log) softplus(a + dt_bias)) and beta = sigmoid(b) are evaluated in fp64 (exact libm,
 unaffected by fast math) by lanes 0 .. 2T - 1 of each warp (one gate each), rounded once, and broadcast by
 shuffles: no shared memory, no CTA barrier.  The next token's q, k, v are loaded a token ahead.
@@ -78,6 +80,10 @@ def _make(HK: int, HV: int, DK: int, STEPS: int, SCALE: float):
             for m in T.unroll(M):
                 T.tile.copy(S[(gi * M + m) * 4:(gi * M + m) * 4 + 4],
                             SIN[p, h, T.min(ii[0] + gi * RG, DK - 1), c0 + 4 * L * m:c0 + 4 * L * m + 4])
+        for gi in T.unroll(G):                       # the output pool: the rows as loaded (a clamped row twice)
+            for m in T.unroll(M):
+                T.tile.copy(SOUT[p, h, T.min(ii[0] + gi * RG, DK - 1), c0 + 4 * L * m:c0 + 4 * L * m + 4],
+                            S[(gi * M + m) * 4:(gi * M + m) * 4 + 4])
         for c in T.serial((nb + 31) // 32):          # the requests that own this slot, in order
             ii[2] = 0
             if c * 32 + tx % 32 < nb:
@@ -133,11 +139,6 @@ def _make(HK: int, HV: int, DK: int, STEPS: int, SCALE: float):
                             qb[i] = qn[i]
                         for gi in T.unroll(G):
                             vb[gi] = vn[gi]
-        for gi in T.unroll(G):
-            if ii[0] + gi * RG < DK:
-                for m in T.unroll(M):
-                    T.tile.copy(SOUT[p, h, ii[0] + gi * RG, c0 + 4 * L * m:c0 + 4 * L * m + 4],
-                                S[(gi * M + m) * 4:(gi * M + m) * 4 + 4])
 
     return gdn_mtp
 
