@@ -4,7 +4,7 @@ Who is charged when something dies (the trusted side's rule is in referee/verdic
 - the processes failing to start, or the referee dying before it let kernel.py import, is the
   judge's (`infra_error`): no code of the candidate had run;
 - the candidate process dying, or being killed by the watchdog (memory, processes), is `crashed`;
-- a candidate that dies inside a knocked-out draw is replaced by a fresh one when the referee asks
+- a candidate that dies (or fails) inside a knocked-out draw is replaced by a fresh one when the referee asks
   ("R" on its readiness pipe: _relieve); the grading goes on, and the record keeps how it died
   (details.relieved);
 - the referee dying without a verdict after it let kernel.py import is `crashed` as well: the
@@ -170,9 +170,9 @@ class Evaluation:
                 pass
 
     def _relieve(self, now) -> None:
-        """The referee saw the candidate die inside a knocked-out draw and asked for a fresh one: end what is left of
-        the dead one, start a relief candidate (launch.start_relief) and tell the referee on its control pipe (one
-        JSON line: relieved or not, and how the dead one ended)."""
+        """The referee saw the candidate die (or fail) inside a knocked-out draw and asked for a fresh one: end what
+        is left of the old one, start a relief candidate (launch.start_relief) and tell the referee on its control
+        pipe (one JSON line: relieved or not, and how the dead one ended)."""
         dead, started = self.children["candidate"], now()
         tree = set(processes.descendants(dead.pid))
         dead.kill()

@@ -11,14 +11,14 @@ mode travels only as the command's flag into the harness's solve frame (wire.py,
   a range check cannot hide the loss). Its answer must come back *incorrect* against the reference
   under the problem's tolerance (or solve() must fail) -- different bits are not enough -- and the draw
   must have made at least one DSL call, for both poisons.
-- A candidate process that dies inside a knocked-out draw after at least one DSL call of that draw (a
-  later kernel read indices the poison made wild, and the GPU's sticky error aborted the process), or
-  whose solve() raised there after a DSL call (the same error, raised instead of aborting, leaves the
-  process's CUDA context unusable for every call to come), gave the same signal as a wrong answer: the
-  draw counts as evidence, and the grading goes on in a fresh candidate process (referee.relieve; at most one per poison), which must pass every draw still to come,
-  the repeat among them, and is the one timed. Dying gives a kernel nothing it could not get by
-  answering wrongly when it guesses a knock-out; a death in any other draw, or before the knocked-out
-  draw's first DSL call, is a crash as before.
+- A candidate process that dies inside a knocked-out draw after at least one DSL call of that draw (a later
+  kernel read indices the poison made wild, and the GPU's sticky error aborted the process), or whose
+  solve() raised there after a DSL call (the same error, raised instead of aborting, leaves the process's
+  CUDA context unusable for every call to come), gave the same signal as a wrong answer: the draw counts as
+  evidence, and the grading goes on in a fresh candidate process (referee.relieve; at most one per poison),
+  which must pass every draw still to come, the repeat among them, and is the one timed. Dying gives a
+  kernel nothing it could not get by answering wrongly when it guesses a knock-out; a death in any other
+  draw, or before the knocked-out draw's first DSL call, is a crash as before.
 - The repeat runs the first draw's inputs again, not knocked out: its answer must be correct. An answer
   that changes beyond the tolerance between two identical calls is `incorrect`, and a kernel that
   sabotages repeated inputs to fake a knock-out fails here.
@@ -65,7 +65,8 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     if problem is not None and not reply.get("ok") and calls >= 1:
         referee.transport.give_back(shared, slots)
         account = referee.relieve(problem)  # a sticky CUDA error would fail every call to come in this process
-        return {**result, "incorrect": True, "how": f"{problem}; its process was replaced (it {str(account.get('exit'))[:120]})",
+        ended = str(account.get("exit"))[:120]
+        return {**result, "incorrect": True, "how": f"{problem}; its process was replaced (it {ended})",
                 "evidence": True, "relief": referee.relieved}
     if problem is not None:
         result.update(incorrect=True, how=problem)

@@ -227,10 +227,10 @@ class Referee:
                           traceback=loaded.get("traceback", ""))
 
     def relieve(self, why: str) -> dict:
-        """Go on with a fresh candidate process after this one died, or failed, inside a knocked-out draw (knockout.py): the
-        judge's parent ends what is left of it and starts a relief (stop.relieve), which passes its preflight and
-        imports kernel.py with a new key; the stream takes the relief's fingerprint as its new baseline. Returns the
-        parent's account of the dead process (exit: how it ended).
+        """Go on with a fresh candidate process after this one died, or failed, inside a knocked-out draw
+        (knockout.py): the judge's parent ends what is left of it and starts a relief (stop.relieve), which passes
+        its preflight and imports kernel.py with a new key; the stream takes the relief's fingerprint as its new
+        baseline. Returns the parent's account of the dead process (exit: how it ended).
 
         Raises:
             Failure: crashed, when no relief could be started (every one used, or the parent could not).

@@ -15,10 +15,10 @@ for the DSL only when all of these hold:
 The total is every kernel, memcpy and memset the profiled calls ran. The share is DSL time / total time,
 over the profiled calls (the same calls for both, so it is also the mean per call's ratio of sums).
 
-On CPU (the judge's test mode: TIRx on the llvm target) there is no device time; the share there is the
-time inside genuine DSL calls that no ATen operator took, over the time of DSL calls and ATen operators
-together (Python between them counts for neither), each part at its fastest profiled call. Work done outside torch and the DSL (numpy on the
-host, say) is invisible to both measures.
+On CPU (the judge's test mode: TIRx on the llvm target) there is no device time; the share there is the time
+inside genuine DSL calls that no ATen operator took, over the time of DSL calls and ATen operators together
+(Python between them counts for neither), each part at its fastest profiled call. Work done outside torch
+and the DSL (numpy on the host, say) is invisible to both measures.
 """
 
 from __future__ import annotations
