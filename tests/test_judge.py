@@ -151,7 +151,7 @@ def test_a_death_inside_a_knocked_out_draw_is_evidence_and_a_fresh_process_goes_
     record = graded("knockout_death_tirx_p28")
     assert record.status == Status.PASSED, record.message
     knocked = record.details["knockout"]
-    assert knocked["nan"]["died"] and knocked["nan"]["evidence"] and knocked["nan"]["relief"] == 1
+    assert knocked["nan"]["replaced"] == "died" and knocked["nan"]["evidence"] and knocked["nan"]["relief"] == 1
     assert "SIGABRT" in knocked["nan"]["how"] and knocked["noise"]["evidence"] and knocked["repeat"]["correct"]
     relieved, = record.details["relieved"]
     assert relieved["relieved"] and relieved["left"] == 0 and "SIGABRT" in relieved["exit"]
@@ -164,9 +164,22 @@ def test_a_knocked_out_draw_that_raised_hands_the_rest_to_a_fresh_process(graded
     record = graded("knockout_sticky_tirx_p28")
     assert record.status == Status.PASSED, record.message
     nan = record.details["knockout"]["nan"]
-    assert nan["evidence"] and nan["relief"] == 1 and "illegal memory access" in nan["how"]
+    assert nan["evidence"] and nan["relief"] == 1 and nan["replaced"] == "raised" and "illegal memory access" in nan["how"]
     relieved, = record.details["relieved"]
     assert relieved["relieved"] and "SIGKILL" in relieved["exit"]
+
+
+@needs_sandbox
+def test_a_knocked_out_draw_that_hangs_hands_the_rest_to_a_fresh_process(graded):
+    """A poisoned ready flag leaves the consumer waiting forever, in both knock-outs."""
+    record = graded("knockout_hang_tirx_p28")
+    assert record.status == Status.PASSED, record.message
+    for poison in ("nan", "noise"):
+        knocked = record.details["knockout"][poison]
+        assert knocked["evidence"] and knocked["replaced"] == "hung" and "did not answer within" in knocked["how"]
+    assert sorted(r["relief"] for r in (record.details["knockout"]["nan"], record.details["knockout"]["noise"])) \
+        == [1, 2]
+    assert [r["exit"] for r in record.details["relieved"]] == ["was killed by SIGKILL"] * 2
 
 
 @needs_sandbox

@@ -16,9 +16,11 @@ import json.decoder
 import json.encoder
 import math
 import os
+import select
 import struct
 import sys
 import threading
+import time
 from typing import Any
 
 import torch
@@ -53,6 +55,10 @@ def leave(code: int) -> None:
 
 class WireError(Exception):
     """The peer closed the channel or broke the protocol."""
+
+
+class Unanswered(WireError):
+    """The peer did not answer before the channel's deadline (Channel.deadline): it hangs, or works too long."""
 
 
 class ForgedFrame(WireError):
@@ -124,6 +130,8 @@ class Channel:
         self.key: bytes | None = None
         """Set (authenticate()) when the load command carries the key: from then on every frame read must be tagged."""
         self.read_frames = 0
+        self.deadline: float | None = None
+        """A time.monotonic() by which every read must have its bytes, else Unanswered (a blocking channel only)."""
 
     def authenticate(self, key: bytes) -> None:
         """Refuse, from now on, every frame the peer did not tag with key (TAG_BYTES)."""
@@ -176,6 +184,8 @@ class Channel:
                     _oserror=OSError) -> bytes:
         chunks, got = [], 0
         while got < n:
+            if self.deadline is not None:
+                self._await_bytes()
             try:
                 chunk = _read(self.read_fd, n - got if n - got < (1 << 20) else (1 << 20))
             except _blocked:
@@ -187,6 +197,11 @@ class Channel:
             chunks.append(chunk)
             got += _len(chunk)
         return _join(chunks)
+
+    def _await_bytes(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
+            raise Unanswered("no answer before the deadline")
 
 
 MASK_KEY_BYTES = 32

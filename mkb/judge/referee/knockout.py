@@ -12,13 +12,15 @@ mode travels only as the command's flag into the harness's solve frame (wire.py,
   under the problem's tolerance (or solve() must fail) -- different bits are not enough -- and the draw
   must have made at least one DSL call, for both poisons.
 - A candidate process that dies inside a knocked-out draw after at least one DSL call of that draw (a later
-  kernel read indices the poison made wild, and the GPU's sticky error aborted the process), or whose
-  solve() raised there after a DSL call (the same error, raised instead of aborting, leaves the process's
-  CUDA context unusable for every call to come), gave the same signal as a wrong answer: the draw counts as
-  evidence, and the grading goes on in a fresh candidate process (referee.relieve; at most one per poison),
-  which must pass every draw still to come, the repeat among them, and is the one timed. Dying gives a
-  kernel nothing it could not get by answering wrongly when it guesses a knock-out; a death in any other
-  draw, or before the knocked-out draw's first DSL call, is a crash as before.
+  kernel read indices the poison made wild, and the GPU's sticky error aborted the process), whose solve()
+  raised there after a DSL call (the same error, raised instead of aborting, leaves the process's CUDA
+  context unusable for every call to come), or whose solve() hangs there after a DSL call (a poisoned flag
+  or count left it spinning: no answer within WAIT_MIN_S or WAIT_FACTOR times the slowest graded call), gave
+  the same signal as a wrong answer: the draw counts as evidence, and the grading goes on in a fresh
+  candidate process (referee.relieve; at most one per poison), which must pass every draw still to come, the
+  repeat among them, and is the one timed. Dying gives a kernel nothing it could not get by answering
+  wrongly when it guesses a knock-out; a death in any other draw, or before the knocked-out draw's first DSL
+  call, is a crash as before (a hang there, a timeout).
 - The repeat runs the first draw's inputs again, not knocked out: its answer must be correct. An answer
   that changes beyond the tolerance between two identical calls is `incorrect`, and a kernel that
   sabotages repeated inputs to fake a knock-out fails here.
@@ -27,6 +29,7 @@ mode travels only as the command's flag into the harness's solve frame (wire.py,
 from __future__ import annotations
 
 import secrets
+import time
 
 from mkb.judge.candidate import knock, wire
 from mkb.judge.referee import checks, draws
@@ -36,6 +39,9 @@ from mkb.records import Check, Status
 
 POISONS = {"nan": knock.KNOCK_NAN, "noise": knock.KNOCK_NOISE}
 """The knock-out's two overwrites, by the name records use."""
+WAIT_MIN_S, WAIT_FACTOR = 10.0, 10.0
+"""A knocked-out solve() that has not answered after max(WAIT_MIN_S, WAIT_FACTOR x the slowest graded solve() so
+far, the first one's compilation included) hangs: poisoned flags or counts can leave a kernel spinning forever."""
 
 
 def schedule(graded: int, knocks: bool) -> list[tuple[str, object]]:
@@ -53,12 +59,18 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     prepared = referee.prepare_draw(graded=False)
     shared = referee.transport.share(prepared.inputs)
     slots = referee.transport.slots(prepared.ref[0])
+    channel, wait_s = referee.c, max(WAIT_MIN_S, WAIT_FACTOR * max(referee.details.get("solve_step_s") or [0.0]))
+    channel.deadline = time.monotonic() + wait_s
     try:
         reply, index = referee.solve(shared.tree, slots.tree, POISONS[poison], plan)
     except wire.ForgedFrame:
         raise
+    except wire.Unanswered as exc:
+        return _died(referee, prepared.seed, exc, f"solve() did not answer within {wait_s:.0f} s", (shared, slots))
     except wire.WireError as exc:
-        return _died(referee, poison, prepared.seed, exc, (shared, slots))
+        return _died(referee, prepared.seed, exc, f"the candidate process died ({exc})", (shared, slots))
+    finally:
+        channel.deadline = None
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
     problem = _failed_outright(reply, prepared.ref[0], referee)
@@ -67,7 +79,7 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
         account = referee.relieve(problem)  # a sticky CUDA error would fail every call to come in this process
         ended = str(account.get("exit"))[:120]
         return {**result, "incorrect": True, "how": f"{problem}; its process was replaced (it {ended})",
-                "evidence": True, "relief": referee.relieved}
+                "evidence": True, "replaced": "raised", "relief": referee.relieved}
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
@@ -83,16 +95,20 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     return result
 
 
-def _died(referee, poison: str, seed: int, exc: wire.WireError, shared: tuple) -> dict:
-    """The candidate process died inside this knocked-out draw: evidence when the draw had made a DSL call (the grading
-    goes on in a fresh process), else the crash it always was (the WireError goes on to the referee's run())."""
+def _died(referee, seed: int, exc: wire.WireError, what: str, shared: tuple) -> dict:
+    """The candidate process died (exc a WireError) or hung (wire.Unanswered) inside this knocked-out draw: evidence
+    when the draw had made a DSL call (the grading goes on in a fresh process); before one, a death is the crash
+    it always was (exc goes on to the referee's run()) and a hang a timeout."""
     calls = referee.stream.calls_by_dsl(referee.solves - 1).get(str(referee.dsl), 0)
+    if calls < 1 and isinstance(exc, wire.Unanswered):
+        raise Failure(Status.TIMEOUT, f"a knocked-out draw's {what}, before any {referee.dsl} call of the draw")
     if calls < 1:
         raise exc
     referee.transport.give_back(*shared)
-    why = f"the candidate process died after {calls} {referee.dsl} call{'s' if calls != 1 else ''} ({exc})"
+    why = f"{what} after {calls} {referee.dsl} call{'s' if calls != 1 else ''}"
     account = referee.relieve(why)
-    return {"seed": seed, "dsl_calls": calls, "incorrect": True, "evidence": True, "died": True,
+    return {"seed": seed, "dsl_calls": calls, "incorrect": True, "evidence": True,
+            "replaced": "hung" if isinstance(exc, wire.Unanswered) else "died",
             "how": f"{why}; it {str(account.get('exit'))[:200]}", "relief": referee.relieved}
 
 
