@@ -209,6 +209,41 @@ def test_a_referee_dead_before_the_kernel_loads_is_the_judges(tmp_path):
         assert verdict["status"] == status and "SIGKILL" in verdict["message"]
 
 
+def test_a_relief_that_cannot_start_is_reported_to_the_referee_and_recorded():
+    """The parent's side of a relief (Evaluation._relieve) when no fresh candidate can start: the referee reads
+    relieved: false and why (stop.relieve), the record keeps how the old one ended and its log."""
+    from types import SimpleNamespace
+
+    from mkb.judge.evaluation import Evaluation
+    from mkb.judge.launch import LaunchError
+    from mkb.judge.processes import Child, Limits, Tail
+    from mkb.judge.referee import stop
+
+    code = "import os, sys; sys.stderr.write('the first error\\n'); sys.stderr.flush(); os.abort()"
+    popen = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    popen.wait(30)
+    control_r, control_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+
+    def start_relief(spec):
+        raise LaunchError("all 2 fresh candidate processes of this grading were used")
+
+    evaluation = Evaluation.__new__(Evaluation)
+    evaluation.children = {"candidate": Child("candidate", popen, Tail(popen.stdout, 1 << 16),
+                                              Tail(popen.stderr, 1 << 16), Limits())}
+    evaluation.launch = SimpleNamespace(start_relief=start_relief, control=control_w)
+    evaluation.reliefs, evaluation.closed, evaluation.candidate_spec = [], set(), {}
+    evaluation._relieve(time.monotonic)
+    account = stop.relieve(ready_w, control_r, wait_s=5.0)
+    assert os.read(ready_r, 1) == b"R"
+    assert account["relieved"] is False and "were used" in account["why"] and "SIGABRT" in account["exit"]
+    recorded, = evaluation.reliefs
+    assert recorded["relieved"] is False and "SIGABRT" in recorded["exit"] and recorded["left"] == 0
+    assert "the first error" in recorded["log_head"] and "the first error" in recorded["log_tail"]
+    for fd in (control_r, control_w, ready_r, ready_w):
+        os.close(fd)
+
+
 @needs_sandbox
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_nothing_survives_the_judges_death(how, tmp_path):
