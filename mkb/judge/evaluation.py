@@ -150,34 +150,20 @@ class Evaluation:
     def _stop_candidate(self, now, grace_s: float = STOP_GRACE_S) -> None:
         """The referee asked for the candidate's end: let it exit, kill what is left, tell the referee when no
         process of the candidate remains (on the control pipe, one JSON line)."""
-        candidate, started = self.children["candidate"], now()
-        tree = set(processes.descendants(candidate.pid))
-        try:
-            candidate.popen.wait(timeout=grace_s)
-        except Exception:  # subprocess.TimeoutExpired: it did not exit when told to finish
-            pass
-        by_itself = candidate.popen.poll() is not None
-        candidate.kill()
-        candidate.popen.wait()
-        left = processes.wait_gone(tree, STOP_WAIT_S)
+        started = now()
+        by_itself, tree, left = self._end_candidate(grace_s)
         account = {"exited_by_itself": by_itself, "processes": len(tree), "left": len(left),
                    "stopped_s": round(now() - started, 3)}
         self.stops.append(account)
         if not left:
-            try:
-                os.write(self.launch.control, (json.dumps(account) + "\n").encode())
-            except OSError:  # the referee is gone; its verdict (or its absence) says the rest
-                pass
+            self._answer_referee(account)
 
     def _relieve(self, now) -> None:
         """The referee saw the candidate die (or fail) inside a knocked-out draw and asked for a fresh one: end what
         is left of the old one, start a relief candidate (launch.start_relief) and tell the referee on its control
         pipe (one JSON line: relieved or not, and how the dead one ended)."""
         dead, started = self.children["candidate"], now()
-        tree = set(processes.descendants(dead.pid))
-        dead.kill()
-        dead.popen.wait()
-        left = processes.wait_gone(tree, STOP_WAIT_S)
+        _, tree, left = self._end_candidate(0.0)
         account = {"exit": dead.describe_exit(), "processes": len(tree), "left": len(left)}
         if left:
             account.update(relieved=False, why=f"{len(left)} of its processes did not end")
@@ -191,6 +177,24 @@ class Evaluation:
         self.closed.discard("candidate")
         self.reliefs.append({**account, "log_head": dead.stderr.head(RELIEVED_LOG_CHARS),
                              "log_tail": dead.stderr.text(max_bytes=RELIEVED_LOG_CHARS)})
+        self._answer_referee(account)
+
+    def _end_candidate(self, grace_s: float) -> tuple[bool, set[int], set[int]]:
+        """Let the candidate exit for grace_s, kill its process group and wait for its processes to vanish:
+        whether it had exited by itself, the processes it had, and those still there after STOP_WAIT_S."""
+        candidate = self.children["candidate"]
+        tree = set(processes.descendants(candidate.pid))
+        try:
+            candidate.popen.wait(timeout=grace_s)
+        except Exception:  # subprocess.TimeoutExpired: it did not exit when told to finish
+            pass
+        by_itself = candidate.popen.poll() is not None
+        candidate.kill()
+        candidate.popen.wait()
+        return by_itself, tree, processes.wait_gone(tree, STOP_WAIT_S)
+
+    def _answer_referee(self, account: dict) -> None:
+        """One JSON line on the referee's control pipe."""
         try:
             os.write(self.launch.control, (json.dumps(account) + "\n").encode())
         except OSError:  # the referee is gone; its verdict (or its absence) says the rest

@@ -265,13 +265,7 @@ class Launch:
                 os.close(fd)
         os.close(self.ready.pop("candidate"))
         self.ready["candidate"], self.signals["candidate"] = slot["ready"], b""
-        try:
-            data = json.dumps({**spec, **mine}).encode()
-            while data:
-                data = data[os.write(slot["go"], data):]
-        except OSError:  # it died at once; the referee finds its channel closed
-            pass
-        os.close(slot["go"])
+        _hand_over({**spec, **mine}, slot["go"])
         return self.children["candidate"]
 
     def alive(self) -> bool:
@@ -281,13 +275,7 @@ class Launch:
         """Write each child's spec (with its pipes' numbers) on its go pipe and close it (a child that has died
         is found by the supervision)."""
         for name, spec in specs.items():
-            try:
-                data = json.dumps({**spec, **self.fds[name]}).encode()
-                while data:
-                    data = data[os.write(self._go[name], data):]
-            except OSError:  # the child is gone; supervision reports it
-                pass
-            os.close(self._go.pop(name))
+            _hand_over({**spec, **self.fds[name]}, self._go.pop(name))
 
     def close(self) -> None:
         """Kill every process group, reap, close the parent's pipe ends and remove the working folder."""
@@ -309,6 +297,18 @@ class Launch:
         self.reliefs = []
         self.control = None
         shutil.rmtree(self.hostdir, ignore_errors=True)
+
+
+def _hand_over(spec: dict, go: int) -> None:
+    """Write a child's spec (JSON) on its go pipe and close the pipe; a child that has died is found by the
+    supervision (or, for a relief, by the referee, whose channel to it closes)."""
+    try:
+        data = json.dumps(spec).encode()
+        while data:
+            data = data[os.write(go, data):]
+    except OSError:
+        pass
+    os.close(go)
 
 
 _SPARES: dict[Plan, list[Launch]] = {}

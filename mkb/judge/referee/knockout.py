@@ -74,12 +74,8 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
     problem = _failed_outright(reply, prepared.ref[0], referee)
-    if problem is not None and not reply.get("ok") and calls >= 1:
-        referee.transport.give_back(shared, slots)
-        account = referee.relieve(problem)  # a sticky CUDA error would fail every call to come in this process
-        ended = str(account.get("exit"))[:120]
-        return {**result, "incorrect": True, "how": f"{problem}; its process was replaced (it {ended})",
-                "evidence": True, "replaced": "raised", "relief": referee.relieved}
+    if problem is not None and not reply.get("ok") and calls >= 1:  # a sticky CUDA error fails every later call
+        return _replaced(referee, prepared.seed, calls, problem, "raised", (shared, slots))
     if problem is not None:
         result.update(incorrect=True, how=problem)
     else:
@@ -100,15 +96,21 @@ def _died(referee, seed: int, exc: wire.WireError, what: str, shared: tuple) -> 
     when the draw had made a DSL call (the grading goes on in a fresh process); before one, a death is the crash
     it always was (exc goes on to the referee's run()) and a hang a timeout."""
     calls = referee.stream.calls_by_dsl(referee.solves - 1).get(str(referee.dsl), 0)
-    if calls < 1 and isinstance(exc, wire.Unanswered):
+    hung = isinstance(exc, wire.Unanswered)
+    if calls < 1 and hung:
         raise Failure(Status.TIMEOUT, f"a knocked-out draw's {what}, before any {referee.dsl} call of the draw")
     if calls < 1:
         raise exc
+    return _replaced(referee, seed, calls, what, "hung" if hung else "died", shared)
+
+
+def _replaced(referee, seed: int, calls: int, what: str, kind: str, shared: tuple) -> dict:
+    """The knocked-out draw's evidence after its process died, raised or hung (kind) after `calls` DSL calls: the
+    draw's shared inputs and slots go back, and a fresh candidate process takes over (referee.relieve)."""
     referee.transport.give_back(*shared)
     why = f"{what} after {calls} {referee.dsl} call{'s' if calls != 1 else ''}"
     account = referee.relieve(why)
-    return {"seed": seed, "dsl_calls": calls, "incorrect": True, "evidence": True,
-            "replaced": "hung" if isinstance(exc, wire.Unanswered) else "died",
+    return {"seed": seed, "dsl_calls": calls, "incorrect": True, "evidence": True, "replaced": kind,
             "how": f"{why}; it {str(account.get('exit'))[:200]}", "relief": referee.relieved}
 
 

@@ -182,12 +182,8 @@ class Referee:
         harnesses = [("candidate", self.c)] + ([("eager", self.e)] if self.e is not None else [])
         kept: list = []
         signals = {}
-        for name, channel in harnesses:  # hello is sent before kernel.py is imported: the harness's own facts
-            hello = channel.recv()
-            self.details[f"{name}_startup_s"] = hello.get("startup_s")
-            if self.device == "cuda" and not hello.get("cuda"):
-                raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
-            signals[name] = preflight.send(channel, self.transport, self.device, kept)
+        for name, channel in harnesses:
+            signals[name] = self.greet(name, channel, kept, record=True)
         for name, channel in harnesses:
             preflight.check(channel, name, self.device, signals[name])  # a failure here is infra_error
         self.phase = "first draw"  # before kernel.py is imported: the judge's memory need, measured alone
@@ -214,6 +210,17 @@ class Referee:
         else:
             self.details["candidate_stop"] = self.stop_candidate()
         return self.verdict(Status.PASSED, "passed", **timings)
+
+    def greet(self, name: str, channel: wire.Channel, kept: list, record: bool = False) -> wire.Signal | None:
+        """Read a harness's hello (sent before kernel.py is imported: its own facts; with record, its start-up
+        seconds go to details), require CUDA in it on a GPU, and send it the preflight (preflight.send: what it
+        returns, for preflight.check)."""
+        hello = channel.recv()
+        if record:
+            self.details[f"{name}_startup_s"] = hello.get("startup_s")
+        if self.device == "cuda" and not hello.get("cuda"):
+            raise Failure(Status.INFRA_ERROR, f"CUDA is not available inside the {name} process's sandbox")
+        return preflight.send(channel, self.transport, self.device, kept)
 
     def load(self) -> None:
         """Have the candidate process import kernel.py, the key sent with the command; every frame it writes from
@@ -250,12 +257,8 @@ class Referee:
         self.c = wire.Channel(self.spec[f"r{slot}_reply_r"], self.spec[f"r{slot}_cmd_w"], sink=self.stream.add)
         self.key = secrets.token_bytes(wire.MASK_KEY_BYTES)
         self.stream.new_process()
-        hello = self.c.recv()
-        if self.device == "cuda" and not hello.get("cuda"):
-            raise Failure(Status.INFRA_ERROR, "CUDA is not available inside the fresh candidate process's sandbox")
         kept: list = []
-        theirs = preflight.send(self.c, self.transport, self.device, kept)
-        preflight.check(self.c, "fresh candidate", self.device, theirs)
+        preflight.check(self.c, "fresh candidate", self.device, self.greet("fresh candidate", self.c, kept))
         self.load()
         self.phase = phase
         return account

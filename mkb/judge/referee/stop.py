@@ -34,15 +34,8 @@ def end_candidate(channel: wire.Channel, ready_fd: int, control_fd: int, wait_s:
         channel.send({"cmd": "finish"})
     except wire.WireError:  # already gone
         pass
-    try:
-        os.write(ready_fd, b"S")
-    except OSError:
-        raise Failure(Status.INFRA_ERROR, "the judge is gone: it cannot end the candidate's processes") from None
-    reply = read_line(control_fd, wait_s)
-    if reply is None:
-        raise Failure(Status.INFRA_ERROR, f"the judge did not confirm within {wait_s:g} s that the candidate's "
-                                          f"processes ended")
-    return reply
+    return _ask_parent(b"S", ready_fd, control_fd, wait_s, "it cannot end the candidate's processes",
+                       f"did not confirm within {wait_s:g} s that the candidate's processes ended")
 
 
 def relieve(ready_fd: int, control_fd: int, wait_s: float = WAIT_S) -> dict:
@@ -53,13 +46,23 @@ def relieve(ready_fd: int, control_fd: int, wait_s: float = WAIT_S) -> dict:
     Raises:
         Failure: the parent is gone or did not answer in time.
     """
+    return _ask_parent(b"R", ready_fd, control_fd, wait_s, "it cannot start a fresh candidate process",
+                       f"did not start a fresh candidate process within {wait_s:g} s")
+
+
+def _ask_parent(signal: bytes, ready_fd: int, control_fd: int, wait_s: float, gone: str, late: str) -> dict:
+    """Write signal on the readiness pipe and wait for the parent's one-line answer on the control pipe.
+
+    Raises:
+        Failure: infra_error, "the judge is gone: {gone}" or "the judge {late}".
+    """
     try:
-        os.write(ready_fd, b"R")
+        os.write(ready_fd, signal)
     except OSError:
-        raise Failure(Status.INFRA_ERROR, "the judge is gone: it cannot start a fresh candidate process") from None
+        raise Failure(Status.INFRA_ERROR, f"the judge is gone: {gone}") from None
     reply = read_line(control_fd, wait_s)
     if reply is None:
-        raise Failure(Status.INFRA_ERROR, f"the judge did not start a fresh candidate process within {wait_s:g} s")
+        raise Failure(Status.INFRA_ERROR, f"the judge {late}")
     return reply
 
 
