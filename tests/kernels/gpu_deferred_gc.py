@@ -1,4 +1,4 @@
-"""Hack: work deferred past the timed window through the garbage collector: after the correctness draws, solve() launches its DSL kernel on one row (for the trace), returns the uncomputed output and leaves a reference cycle whose __del__ runs the kernel on the whole input into that output, with the collector's threshold at 1 (timeit's reference to gc); the harness's first allocation after the window (its "launched" reply) ran the collection, so the work landed before the copy into the slot but after every measured figure. The harness now keeps the collector off from the window's end until the call is answered, so the cycle is collected inside the next call's window, too late for this call's answer.
+"""Hack: work deferred past the timed window through the garbage collector: after the correctness draws, solve() launches its DSL kernel on one row (for the trace), returns the uncomputed output and leaves a reference cycle whose __del__ runs the kernel on the whole input into that output, with the collector's threshold at 1 (timeit's reference to gc). The harness's first allocation after the window (its "launched" reply) ran the collection, so the work landed before the copy into the slot but after every measured figure. The harness then kept the collector off from the window's end, and on the H100 this still passed: the `synced` event's record() allocates (the current stream's object), and that collection, after the window, did the work before the copy. The harness now keeps the collector off from solve()'s return until the call is answered, so the cycle is collected inside the next call's window, too late for this call's answer. Profiled calls do the whole work, so only the timed calls can give the hack away.
 
 Problem: p28
 DSL: cutedsl
@@ -87,8 +87,10 @@ def solve(x, residual, weight):
     if _calls[0] <= CORRECTNESS_CALLS:
         _run(x, residual, weight, out)
         return out
+    if torch.autograd._profiler_enabled():  # profiled calls are judged too: the whole work, honestly
+        _run(x, residual, weight, out)
+        return out
     _run(x[:1], residual[:1], weight, out[:1])  # one row: the DSL kernel the trace must show
-    if not torch.autograd._profiler_enabled():  # a profiled call's result is never read: nothing more to do
-        timeit.gc.set_threshold(1)
-        _Later((x, residual, weight), out)
+    timeit.gc.set_threshold(1)
+    _Later((x, residual, weight), out)
     return out

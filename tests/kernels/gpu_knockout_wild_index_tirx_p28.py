@@ -1,4 +1,4 @@
-"""Honest: a two-kernel TIRx pipeline whose second kernel reads rows through indices the first wrote (unsigned, as gather indices are), as MoE dispatch and paged gathers do. A knocked-out draw poisons the indices (bitwise-not: 0xFFFFFFFF and below), the gather reads terabytes past its buffer and the CUDA context dies with an illegal address; that failed draw is the knock-out's evidence and a fresh candidate process runs the rest of the grading (details.relieved).
+"""Honest: a two-kernel TIRx pipeline whose second kernel reads rows through indices the first wrote (unsigned, as gather indices are), as MoE dispatch and paged gathers do, and checks each index against the row count before it reads (a trap when it is out of range, as torch's own index kernels assert). A knocked-out draw poisons the indices (bitwise-not: 0xFFFFFFFF and below), the check traps and the CUDA context dies; that failed draw is the knock-out's evidence and a fresh candidate process runs the rest of the grading (details.relieved). Without the check, on the H100 (2026-12-07), the wild rows read no memory past the pool: TVM's CUDA code adds a tile copy's element offset to its pointer as a 32-bit int (`tvm_builtin_pointer_offset(T*, int)`), so the 64-bit row offset wrapped to a few KiB before the buffer, the gather read the allocator's own memory, and the draw was merely wrong.
 
 Problem: p28
 DSL: tirx
@@ -61,6 +61,7 @@ def _make(N: int):
         wr = Tx.alloc_local((VEC,), "bfloat16")
         yr = Tx.alloc_local((VEC,), "bfloat16")
         src = Tx.meta_var(Tx.Cast("int64", Tx.Cast("uint32", Idx[row])))
+        Tx.cuda.trap_when_assert_failed(Tx.Cast("uint32", Idx[row]) < Tx.Cast("uint32", m))  # a bounds check
         for it in Tx.unroll(iters):
             col = Tx.meta_var((it * THREADS + tx) * VEC)
             if col < N:

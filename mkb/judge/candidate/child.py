@@ -50,7 +50,8 @@ _dispatch_depth, _function_depth = torch._C._len_torch_dispatch_stack, torch._C.
 _gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
 """The cyclic collector runs whenever an allocation crosses its threshold, and with it the kernel's __del__ methods
 and gc.callbacks: in the harness's handling of a timed call's result, after the window, they would do work no
-figure holds (tests/kernels/gpu_deferred_gc.py). It is off from the window's end until the call is answered."""
+figure holds (tests/kernels/gpu_deferred_gc.py). It is off from solve()'s return until the call is answered (a
+collection inside solve() is inside the window, so its work is timed)."""
 MODES_LEFT = ("solve() returned with a torch dispatch or function mode active: the harness's own work on its result "
               "(copying it into the judge's slots, after a timed call's window) would run the kernel's code")
 """A mode pushed in solve() and left on the stack sees every torch operator the harness runs on the result
@@ -279,12 +280,15 @@ class Candidate:
         except BaseException as exc:  # a failure in a timed call is a runtime error like any other
             self.send(_error(exc, "runtime_error"))
             return
-        returned.record()
-        _sync()
-        synced.record()
+        # From solve()'s return on nothing of the kernel's may run until the call is answered: no collection calls its
+        # __del__ or gc.callbacks. The events' record() allocates (the current stream's object), so a collection there
+        # would launch work after `synced` and before the copy (tests/kernels/gpu_deferred_gc.py, on the H100).
         collecting = _gc_isenabled()
-        _gc_disable()  # from here on nothing of the kernel's may run: no collection calls its __del__ or callbacks
+        _gc_disable()
         try:
+            returned.record()
+            _sync()
+            synced.record()
             self.send({"ok": True, "launched": msg["k"]})
             if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
                 self.emit({"ev": "finding", "text": MODES_LEFT})
