@@ -8,6 +8,7 @@ artifact/generators/validate_solutions.py) with the shipped variants not graded 
 anchors (problems/solutions/anchors_<gpu>.json, artifact/generators/anchors.py) and the solutions' own first check.
 """
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -42,6 +43,7 @@ def main(src: Path, out: Path) -> None:
     for key, records in by_gpu.items():
         lines += judged(key, records)
     lines += not_graded(by_gpu)
+    lines += disagreeing(by_gpu, sorted((ROOT / "artifact/judge").glob("*_solutions_*.json")))
     lines += shares(by_gpu, ROOT / "problems/solutions/h200_strict.json")
     lines += external_anchors(by_gpu, ROOT / "problems/solutions")
     lines += standalone(src, catalog)
@@ -216,6 +218,40 @@ def not_graded(by_gpu: dict[str, list[dict]]) -> list[str]:
     graded = {(r["problem"], r["dsl"]) for rows in by_gpu.values() for r in rows}
     missing = [f"{pid} {dsl}" for pid, dsl, _ in shipped(None, ["cutedsl", "tirx"]) if (pid, dsl) not in graded]
     return ["", "Not graded on any GPU yet: " + ", ".join(missing) + "."] if missing else []
+
+
+def disagreeing(by_gpu: dict[str, list[dict]], job_files: list[Path]) -> list[str]:
+    """Every grading kept of a shipped file whose status differs from another grading of the same bytes on the same
+    GPU model: the records files hold one grading per variant (the last), the job files in artifact/judge/ all."""
+    shipped_sha = {(pid, dsl): hashlib.sha256(path.read_bytes()).hexdigest()
+                   for pid, dsl, path in shipped(None, ["cutedsl", "tirx"])}
+    seen: dict[tuple, dict[str, dict]] = {}
+    sources = [(f"problems/solutions/{key}.json", rows) for key, rows in by_gpu.items()]
+    sources += [(str(path.relative_to(ROOT)), json.loads(path.read_text())) for path in job_files]
+    for name, rows in sources:
+        for r in rows if isinstance(rows, list) else []:
+            sha = r.get("kernel_sha256")
+            if not sha or shipped_sha.get((r.get("problem"), r.get("dsl"))) != sha:
+                continue
+            key = (r["problem"], r["dsl"], r.get("device"), sha)
+            seen.setdefault(key, {}).setdefault(r.get("graded_at") or name, {**r, "_source": name})
+    rows = [g for key, found in sorted(seen.items()) if len({g["status"] for g in found.values()}) > 1
+            for g in sorted(found.values(), key=lambda g: g.get("graded_at") or "")]
+    if not rows:
+        return []
+    lines = ["", "## Gradings of the same file that disagree", "",
+             "Every grading kept (the records files above and the job files in `artifact/judge/`) of a shipped file's "
+             "current bytes, on one GPU model, where the statuses differ: a variant listed here passed at least once "
+             "and failed at least once, and the table above shows only its last grading. `judge at` is the commit "
+             "the grading ran (a judge fixed in between explains some).", "",
+             "| problem | dsl | device | graded at | judge at | status | message | source |",
+             "|---|---|---|---|---|---|---|---|"]
+    for g in rows:
+        message = (g.get("message") or "").replace("|", "/").replace("\n", " ")[:160]
+        commit = ((g.get("versions") or {}).get("git_commit") or "?")[:7]
+        lines.append(f"| {g['problem']} | {g['dsl']} | {g.get('device')} | {g.get('graded_at')} | {commit} | "
+                     f"{g['status']} | {message} | `{g['_source']}` |")
+    return lines
 
 
 def judged(key: str, records: list[dict]) -> list[str]:

@@ -5,8 +5,11 @@ key[b, t, c] and value[b, t, c] (a warp reads 128 contiguous bytes per step) and
 one read of key/value and one write of wkv, the SOL traffic.  Steps are processed 8 at a time with
 the 16 loads issued first.  One of each step's two exponentials is exp(0) = 1 (the running max is one
 of its two arguments), so a step needs two exponentials, not four.  TVM compiles with fast math
-(approximate expf and division), so the exponentials and the division are evaluated in fp64 and
-rounded to fp32 once: as accurate as the fp32 reference's own steps.
+(`__expf`, approximate division), so the kernel spells out the accurate fp32 arithmetic the CuTe DSL
+variant gets from its compiler, with CUDA intrinsics that fast math leaves alone: the exponential is
+the CUDA math library's expf algorithm (fma range reduction with `__fmaf_rn`/`__fmaf_rd`, `exp2f`'s
+`ex2.approx.ftz` on the reduced argument, the power of two put back through the exponent bits), the
+division `__fdiv_rn` (IEEE round to nearest).  No fp64 on the data path.
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
 
@@ -17,14 +20,38 @@ THREADS = 256
 UNROLL = 8
 
 
+def _f32(bits: int):
+    """The fp32 constant with these bits (exactly; no decimal round trip)."""
+    return T.reinterpret("float32", T.uint32(bits))
+
+
+def _fma(a, b, c, rnd="rn"):
+    return T.call_pure_extern("float32", f"__fmaf_{rnd}", a, b, c)
+
+
+def _expf(x):
+    """exp(x) for an fp32 x: the CUDA math library's expf (max error 2 ulp), not fast math's __expf.
+
+    j = 2^23-biased integer part of x log2(e) (x clamped to the fp32 exponent range through a saturated
+    fma), r = x log2(e) - j in two fma steps (log2(e) split hi + lo), exp(x) = 2^r * 2^j with 2^r
+    from ex2.approx.ftz and 2^j built in the exponent bits of j.
+    """
+    t = T.call_pure_extern("float32", "__saturatef", _fma(x, _f32(0x3BBB989D), T.float32(0.5)))
+    j = _fma(t, _f32(0x437C0000), _f32(0x4B400001), "rd")
+    jf = T.call_pure_extern("float32", "__fadd_rn", j, _f32(0xCB40007F))
+    r = _fma(x, _f32(0x32A57060), _fma(x, _f32(0x3FB8AA3B), -jf))
+    scale = T.reinterpret("float32", T.shift_left(T.reinterpret("int32", j), 23))
+    return T.call_pure_extern("float32", "__fmul_rn", T.call_pure_extern("float32", "exp2f", r), scale)
+
+
 def _exp_neg_abs(x):
-    """exp(-|x|) for an fp32 x, in fp64, rounded to fp32 once."""
-    return T.Cast("float32", T.exp(-T.Cast("float64", T.max(x, -x))))
+    """exp(-|x|) for an fp32 x."""
+    return _expf(-T.max(x, -x))
 
 
 def _div(a, b):
-    """a / b for fp32 a, b, correctly rounded (fp64 division rounded once)."""
-    return T.Cast("float32", T.Cast("float64", a) / T.Cast("float64", b))
+    """a / b for fp32 a, b, correctly rounded (IEEE division, untouched by fast math)."""
+    return T.call_pure_extern("float32", "__fdiv_rn", a, b)
 
 
 def _make():
@@ -60,7 +87,7 @@ def _make():
             b: T.let = gid // nc
             c: T.let = gid % nc
             base[0] = b * steps * nc + c
-            w: T.float32 = -T.Cast("float32", T.exp(T.Cast("float64", TD[c])))
+            w: T.float32 = -_expf(TD[c])
             u: T.float32 = TF[c]
             st[0] = N[b, c]
             st[1] = M[b, c]
