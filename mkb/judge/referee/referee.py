@@ -29,8 +29,8 @@ import torch  # noqa: E402
 from mkb import inplace  # noqa: E402
 from mkb import tensortree as tt  # noqa: E402
 from mkb.judge.candidate import knock, wire  # noqa: E402
-from mkb.judge.referee import (draws, evidence, knockout, memory, policy, preflight, share, speed, stop,  # noqa: E402
-                               timing)
+from mkb.judge.referee import (draws, evidence, knockout, memory, policy, preflight, profiled, share, speed,  # noqa: E402
+                               stop, timing)
 from mkb.judge.referee.transport import Transport, keep_on_device, private_bytes, tree_map  # noqa: E402
 from mkb.judge.referee.verdict import Failure, JudgeFault, charged, finite  # noqa: E402
 from mkb.records import Check, Dsl, Status  # noqa: E402
@@ -267,11 +267,22 @@ class Referee:
         return self.device == "cuda" or self.dsl == Dsl.TIRX
 
     def profile_cpu(self, evidence: policy.Evidence) -> None:
-        """On CPU: three profiled calls on a fresh draw, for the DSL's share of CPU time (share.py)."""
+        """On CPU: three profiled calls, each on a fresh draw and judged like one (profiled.py), for the DSL's share
+        of CPU time (share.py)."""
         self.phase = "profile"
-        draw = self.prepare_draw(graded=False)
-        reply = self.ask({"cmd": "profile", "inputs": self.transport.share(draw.inputs).tree, "calls": 3,
-                          "restore": [i for i, _ in self.positions]})
+        replies = []
+        for k in range(timing.PROFILED):
+            draw = self.prepare_draw(graded=False)
+            shared, slots = self.transport.share(draw.inputs), self.transport.slots(draw.ref[0])
+            reply = self.ask({"cmd": "profile", "inputs": shared.tree, "slots": slots.tree, "calls": 1,
+                              "restore": [i for i, _ in self.positions]})
+            replies.append(reply)
+            if reply.get("ok"):
+                label = f"profiled call {k + 1}"
+                out = profiled.answer(self, reply, draw.ref[0], slots, shared, label, self.place)
+                profiled.judge(self, label, draw.seed, out, draw.ref, draw.anchor)
+            self.transport.give_back(shared, slots)
+        reply = profiled.merge(replies)
         evidence.share = share.measure(reply, self.stream.built, str(self.dsl))
         self.details["dsl_share"] = evidence.share.get("share")
         self.details["dsl_share_detail"] = evidence.share

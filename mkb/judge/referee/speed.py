@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from typing import Any
 
 import torch
 
 from mkb.judge.candidate import wire
-from mkb.judge.referee import checks, cpus, draws, memory, policy, share, timing
+from mkb.judge.referee import checks, cpus, draws, memory, policy, profiled, share, timing
 from mkb.judge.referee.verdict import Failure, JudgeFault
 from mkb.records import Status
 
@@ -100,10 +101,9 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
     referee.phase = "timing: kernel"
-    kernel_runs, snapshots, picks = _time_kernel(referee, pool, flush, timed_cpu)
+    kernel_runs, snapshots, picks, c_slots = _time_kernel(referee, pool, flush, timed_cpu)
     referee.phase = "timing: profile"
-    profile = referee.ask({"cmd": "profile", "set": 0, "calls": timing.PROFILED,
-                           "restore": [i for i, _ in referee.positions]})
+    profile = _profile(referee, pool, c_slots, snapshots)
     evidence.profile = profile if profile.get("ok") else None
     evidence.report = referee.report()
     evidence.share = share.measure(profile, referee.stream.built, str(referee.dsl))
@@ -138,21 +138,39 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if eager_ms else None}
 
 
-def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list]:
-    """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking."""
+def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list, Any]:
+    """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking (label ->
+    (seed, answer)); the slots the timed calls copy into."""
     c_slots = referee.transport.slots(referee.like)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
 
     def keep(i: int, s: int) -> None:
         if i in picks:
-            snapshots[i] = (pool.seeds[s], (referee.transport.read(c_slots, referee.place),
-                                            draws.updated(referee, pool.sets[s])))
+            snapshots[f"timed call {i + 1}"] = (pool.seeds[s], (referee.transport.read(c_slots, referee.place),
+                                                                draws.updated(referee, pool.sets[s])))
 
     c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
     runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
     referee.c.spin = False
-    return runs, snapshots, picks
+    return runs, snapshots, picks, c_slots
+
+
+def _profile(referee, pool: timing.Pool, c_slots, snapshots: dict) -> dict:
+    """The candidate's profiled calls, one command each on pool set 0 refilled, each answer kept on the host to be
+    re-checked with the timed calls' (profiled.py: solve() can tell a profiled call); their merged profile."""
+    replies = []
+    for k in range(timing.PROFILED):
+        pool.refresh(0)
+        torch.cuda.synchronize()  # the refill is in the shared memory before the harness reads it
+        reply = referee.ask({"cmd": "profile", "set": 0, "calls": 1, "slots": "timing",
+                             "restore": [i for i, _ in referee.positions]})
+        replies.append(reply)
+        if reply.get("ok"):
+            label = f"profiled call {k + 1}"
+            out = profiled.answer(referee, reply, referee.like, c_slots, pool.sets[0], label, "cpu")
+            snapshots[label] = (pool.seeds[0], out)
+    return profiled.merge(replies)
 
 
 def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed: bool) -> tuple[dict, list, dict]:
@@ -184,13 +202,17 @@ def _time_eager(referee, pool: timing.Pool, flush, timed_cpu: int | None, timed:
 
 
 def _recheck(referee, snapshots: dict) -> None:
-    """Three random timed calls' outputs against the reference of exactly their inputs (redrawn from their seeds)."""
-    for i, (seed, out) in sorted(snapshots.items()):
+    """Three random timed calls' outputs, and every profiled call's, against the reference of exactly their inputs
+    (redrawn from their seeds)."""
+    for label, (seed, out) in sorted(snapshots.items(), key=lambda item: (item[0].startswith("profiled"), item[0])):
         ref, anchor = referee.reference(referee.inputs(seed))
         memory.release(referee.device)
+        if label.startswith("profiled"):
+            profiled.judge(referee, label, seed, out, ref, anchor)
+            continue
         draw = checks.compare_draw(seed, out, ref, anchor, referee.factor, referee.positions)
         if not draw.ok:
-            raise Failure(Status.INCORRECT, f"timed call {i + 1} (re-checked): " + checks.first_failure(draw, 0)
+            raise Failure(Status.INCORRECT, f"{label} (re-checked): " + checks.first_failure(draw, 0)
                           .removeprefix("draw 1: "))
 
 
