@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CHILD = Path(__file__).resolve().parents[1] / "mkb" / "judge" / "candidate" / "child.py"
 
 SCRIPT = r"""
@@ -42,7 +44,12 @@ class Later:  # the hack: a cycle whose __del__ fills the output after solve() r
         log.append(("deferred work", gc.isenabled()))
         self.out.fill_(1.0)
 
+made = {"tirx": 0}
+harness_calls = lambda: dict(made)  # noqa: E731  (the knock core's count of genuine DSL calls outside draws)
+
+
 def solve(x):
+    made["tirx"] += 1
     out = torch.zeros_like(x)
     Later(out)  # garbage in the youngest generation, which the next allocation after this collects
     gc.set_threshold(1)
@@ -50,7 +57,8 @@ def solve(x):
 
 harness = child.Candidate.__new__(child.Candidate)
 harness.solve, harness.pool, harness.slots = solve, [[torch.zeros(4)]], [torch.empty(4)]
-harness.send = lambda reply: log.append(("send", sorted(reply)))
+harness.calls_outside = harness_calls
+harness.send = lambda reply: log.append(("send", sorted(reply), reply.get("dsl_calls")))
 harness.emit = lambda event: log.append(("emit", event))
 
 def copy_into(slots, out):
@@ -78,3 +86,37 @@ def test_nothing_of_the_kernel_runs_between_solve_and_the_answer(tmp_path):
     records = [entry for entry in log[:copy] if entry[0] == "record"]
     assert records[0] == ("record", True) and records[1:] == [("record", False)] * 2, log  # start; returned, synced
     assert ("after the call", True) in log  # the collector is on again once the call is answered
+    done = next(entry for entry in log if entry[0] == "send" and "done" in entry[1])
+    assert done[2] == {"tirx": 1}  # the call's own genuine DSL calls, for the referee's rule (timing.run_calls)
+
+
+class _Pool:
+    def __init__(self):
+        self.size, self.used, self.seeds = 2, set(), [1, 2]
+
+    def refresh(self, s):
+        self.seeds[s] += 10
+
+
+class _Bracket:
+    def __init__(self, counts):
+        self.counts = counts
+
+    def call(self, k, s, null=False, flush=None):
+        return {"ms": 1.0, "sync_ms": 0.5, "self_ms": 0.4, "copied": True, "dsl_calls": self.counts(k)}
+
+
+def test_every_timed_call_must_make_a_genuine_call_of_the_dsl():
+    from mkb.judge.referee import timing
+
+    honest = timing.run_calls(_Bracket(lambda k: {"tirx": 1}), _Pool(), warmup=2, timed=4, dsl="tirx")
+    assert len(honest) == 4
+    for counts, why in [(lambda k: {"tirx": 0} if k == 4 else {"tirx": 2}, "timed call 5 made no tirx call"),
+                        (lambda k: {"cutedsl": 3}, "timed call 1 made no tirx call"),
+                        (lambda k: {"tirx": True}, "timed call 1 made no tirx call")]:
+        with pytest.raises(timing.TimingError, match=why) as caught:
+            timing.run_calls(_Bracket(counts), _Pool(), warmup=2, timed=4, dsl="tirx")
+        assert caught.value.kind == "policy_violation"
+    # the eager reference and the empty calls run no DSL: no rule there
+    assert len(timing.run_calls(_Bracket(lambda k: {}), _Pool(), warmup=1, timed=2)) == 2
+    assert len(timing.run_calls(_Bracket(lambda k: {}), _Pool(), warmup=1, timed=2, null=True, dsl="tirx")) == 2

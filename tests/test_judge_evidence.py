@@ -279,6 +279,9 @@ def test_strict_requires_the_share_and_names_both_shares():
     assert lowered.dsl_check == Check.PASSED
     no_profile = policy.judge(_evidence(share={"share": None, "why": "no profile of solve()"}))
     assert no_profile.dsl_check == Check.FAILED and "no profile" in no_profile.message
+    cpu_none = policy.judge(_evidence(device="cpu", policy="strict", share={"share": None, "why": "no CPU time",
+                                                                           "basis": "cpu"}))
+    assert cpu_none.dsl_check == Check.FAILED and "gave none (no CPU time)" in cpu_none.message  # not a TypeError
 
 
 def test_findings_and_replaced_entry_points_are_violations():

@@ -92,6 +92,8 @@ class Candidate:
         """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
         self.arm = lambda: None
         """Takes the core's baseline of the dispatcher (knock.py) once the profiler is warm; set in start()."""
+        self.calls_outside = lambda: {}
+        """Genuine DSL calls outside the draws so far, by DSL (knock.py; a timed call's count); set in start()."""
         self.unmask = lambda flag, nonce: 0
         """A solve command's flag -> the draw's mode (wire.mask); set from the load command's key, before kernel.py."""
 
@@ -119,7 +121,7 @@ class Candidate:
             seal.install(roots, finding)
             probe = escape.make_dispatcher_probe()
             core = knock.make_core(self.emit, finding, probe)
-            self.draw, self.arm = core["draw"], core["arm"]
+            self.draw, self.arm, self.calls_outside = core["draw"], core["arm"], core["calls_outside"]
             asked = escape.make_asker(roots.kind)
             escape.patch_unaudited(finding, asked)
             escape.patch_dispatcher(finding, asked)
@@ -270,6 +272,7 @@ class Candidate:
         came back); the referee reads its own clock before it sends the call and when "launched" comes.
         """
         start, returned, synced = (_Event(enable_timing=True) for _ in range(3))
+        before = self.calls_outside()
         start.record()
         out = None
         try:
@@ -296,8 +299,10 @@ class Candidate:
             else:
                 copied = msg.get("null") or self.copy_into(self.slots, out)
             _sync()
+            made = self.calls_outside()
             self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
-                       "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied)})
+                       "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied),
+                       "dsl_calls": {dsl: n - before.get(dsl, 0) for dsl, n in made.items()}})
         finally:
             if collecting:
                 _gc_enable()

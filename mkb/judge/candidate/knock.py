@@ -99,6 +99,9 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     current: list = [None]
     dispatcher = [probe()]
+    outside: dict = {}
+    """Genuine DSL calls made outside every draw and every other DSL call, by DSL (the timed calls' count: a
+    solve() that tells a timed call could otherwise run torch alone there)."""
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -224,6 +227,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         dsl, call, key, symbols = entry
         state = find_state()
         if state is None or state[i_depth] or state[i_compiling]:
+            if state is None and not active[0]:
+                outside[dsl] = outside.get(dsl, 0) + 1
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
             finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
@@ -292,5 +297,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     def inside() -> bool:
         return active[0] > 0
 
+    def calls_outside() -> dict:
+        return dict_(outside)
+
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
-            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm}
+            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm, "calls_outside": calls_outside}

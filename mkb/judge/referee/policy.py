@@ -159,7 +159,10 @@ def dsl_failure_message(dsl: str, checks: dict[str, str], evidence: Evidence | N
     if checks.get("share") == Check.FAILED:
         floor, reason = evidence.share_min
         basis = "CPU time" if str(share.get("basis", "")).startswith("cpu") else "device time"
-        return (f"the {dsl} kernels did {share.get('share', 0.0):.1%} of solve()'s {basis}, below the strict "
+        if share.get("share") is None:  # a profile without a share is no excuse under strict (a kernel can fail it)
+            return (f"the strict policy needs the {dsl} kernels' share of solve()'s {basis}, and the profile gave none "
+                    f"({share.get('why') or 'no time was measured'}): the share must reach {floor:.0%}")
+        return (f"the {dsl} kernels did {share['share']:.1%} of solve()'s {basis}, below the strict "
                 f"policy's {floor:.0%}{f' ({reason})' if reason else ''}: move more of the work into {dsl} "
                 f"(paper policy: the share is recorded, not enforced)")
     return ""

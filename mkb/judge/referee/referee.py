@@ -169,8 +169,8 @@ class Referee:
             return self.verdict(Status.CRASHED, f"the candidate process died during {died_in} ({exc})",
                                 candidate_died=died_in)
         except timing.TimingError as exc:
-            status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED,
-                      "infra_error": Status.INFRA_ERROR}.get(exc.kind, Status.RUNTIME_ERROR)
+            status = {"incorrect": Status.INCORRECT, "crashed": Status.CRASHED, "infra_error": Status.INFRA_ERROR,
+                      "policy_violation": Status.POLICY_VIOLATION}.get(exc.kind, Status.RUNTIME_ERROR)
             return self.verdict(status, f"during timing: {exc}")
         except torch.OutOfMemoryError as exc:  # the referee's own allocation: a candidate's comes as a reply
             return self.out_of_memory(exc)

@@ -151,7 +151,7 @@ def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tu
                                                                 draws.updated(referee, pool.sets[s])))
 
     c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
-    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep)
+    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep, dsl=str(referee.dsl))
     referee.c.spin = False
     return runs, snapshots, picks, c_slots
 

@@ -123,8 +123,9 @@ class Bracket:
         _expect(self.channel.recv(), "launched")
         t1 = time.perf_counter_ns()
         done = _expect(self.channel.recv(), "done")
+        calls = done.get("dsl_calls")
         return {"ms": (t1 - t0) / 1e6, "sync_ms": done.get("sync_ms"), "self_ms": done.get("self_ms"),
-                "copied": bool(done.get("copied"))}
+                "copied": bool(done.get("copied")), "dsl_calls": calls if isinstance(calls, dict) else {}}
 
 
 def settle(event: torch.cuda.Event, limit_s: float, why: str) -> None:
@@ -180,8 +181,12 @@ def flush_buffer() -> torch.Tensor:
 
 def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: torch.Tensor | None = None,
               warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None,
-              refill: bool = True) -> list[dict]:
+              refill: bool = True, dsl: str | None = None) -> list[dict]:
     """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used.
+
+    dsl (the candidate's): every call must have made at least one genuine call of that DSL (the harness counts
+    them, knock.py), as every draw must; else a policy violation. A solve() can tell a timed call from a draw
+    (the call count, the pool's buffers), and the speed would otherwise be torch's where the draws were the DSL's.
 
     An empty call (null: True, or "kernel" for one that launches a single one-element kernel) refills its
     set before every call unless refill is False, so that it carries what a timed call carries: the
@@ -198,6 +203,10 @@ def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: 
             pool.used.add(s)
         if not null and not result["copied"]:
             raise TimingError(f"timed call {k + 1} returned a different structure than the draws", "incorrect")
+        made = result["dsl_calls"].get(dsl) if dsl is not None and not null else 1
+        if not isinstance(made, int) or isinstance(made, bool) or made < 1:
+            raise TimingError(f"timed call {k + 1} made no {dsl} call (every solve() call must run its {dsl} kernels, "
+                              "the timed ones as the draws)", "policy_violation")
         if on_done is not None and k >= warmup:
             on_done(k - warmup, s)
         if k >= warmup:
