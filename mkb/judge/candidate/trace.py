@@ -14,7 +14,6 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import time
 from typing import Any, Callable
 
 import torch
@@ -53,15 +52,12 @@ def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Call
     On CPU there are no kernels: the summary is the DSL's and ATen's time (summarize_cpu).
     """
     if device == "cpu":
-        others = []
         with _profiler(None) as prof:
             for _ in range(calls):
                 before()
-                process, thread = _process_ns(), _thread_ns()
                 with torch.profiler.record_function("mkb_solve"):
                     solve()
-                others.append(max((_process_ns() - process) - (_thread_ns() - thread), 0) / 1e3)
-        return summarize_cpu(_events(prof, workdir), others)
+        return summarize_cpu(_events(prof, workdir))
     marker = torch.zeros(1, device="cuda")
     sync()
     with _profiler("cuda") as prof:
@@ -84,16 +80,9 @@ def _events(prof, workdir: str) -> list[dict]:
     return events
 
 
-_process_ns, _thread_ns = time.process_time_ns, time.thread_time_ns
-"""CPU time of the whole process (its exited threads included) and of the calling thread: their difference over a
-call is what every other thread did meanwhile, which the profiler (it records the thread that started it) never sees."""
-
-
-def summarize_cpu(events: list[dict], others: list[float] | None = None) -> dict:
+def summarize_cpu(events: list[dict]) -> dict:
     """On CPU, per profiled call: the time inside genuine DSL calls that no computing ATen operator took (dsl_us),
-    the time of DSL calls and computing ATen operators together (total_us), their ratio the share; and the CPU time
-    the process's other threads spent during the call (threads_us: torch's intra-op workers, or a thread of the
-    kernel's doing torch's work where the profiler cannot see it; share.py counts it as not the DSL's)."""
+    and the time of DSL calls and computing ATen operators together (total_us); their ratio is the share."""
     def spans(name: str) -> list[tuple[float, float]]:
         return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
                 if e.get("cat") == "user_annotation" and e.get("name") == name]
@@ -106,8 +95,6 @@ def summarize_cpu(events: list[dict], others: list[float] | None = None) -> dict
         inside = lambda found: [(max(a, start), min(b, end)) for a, b in found if a < end and b > start]  # noqa: E731
         ops, both = busy_us(inside(aten)), busy_us(inside(dsl) + inside(aten))
         calls.append({"dsl_us": both - ops, "total_us": both, "span_us": end - start})
-    for call, threads_us in zip(calls, others or []):
-        call["threads_us"] = threads_us
     return {"calls": calls, "cpu": True}
 
 

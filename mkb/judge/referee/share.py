@@ -72,13 +72,10 @@ def _cpu(profile: dict) -> dict:
     """On CPU (tests, CI): DSL time no ATen operator took / the time of DSL calls and ATen operators together,
     each part at its fastest profiled call. CPU time only ever gains noise (a page fault, a descheduled
     thread: one such call once made an eager-torch SwiGLU read 93% TIRx where its other calls read 30-37%), so
-    the minimum of each part is its cost and the sum over calls is not. The other part includes the CPU time every
-    other thread of the process spent during the call (trace.summarize_cpu's threads_us), which the profiler does not
-    record: torch's work moved to a thread of the kernel's counts as torch's."""
+    the minimum of each part is its cost and the sum over calls is not."""
     calls = [c for c in profile.get("calls") or [] if isinstance(c, dict)]
     dsl = [float(c.get("dsl_us") or 0.0) for c in calls]
-    other = [max(float(c.get("total_us") or 0.0) - d, 0.0) + max(float(c.get("threads_us") or 0.0), 0.0)
-             for c, d in zip(calls, dsl)]  # other threads' CPU time is never the DSL's (share_thread_torch.py)
+    other = [max(float(c.get("total_us") or 0.0) - d, 0.0) for c, d in zip(calls, dsl)]
     least = (min(dsl), min(other)) if calls else (0.0, 0.0)
     total = sum(least)
     n = max(len(calls), 1)
