@@ -202,6 +202,17 @@ def test_the_knock_out_schedule_hides_its_draws_among_the_graded_ones():
     assert knockout.schedule(5, False) and all(kind == "draw" for kind, _ in knockout.schedule(5, False))
 
 
+def test_a_relief_with_no_checked_answer_after_it_is_graded_once_more():
+    """A fresh process that took over in a knock-out must answer a graded draw or the repeat before it is profiled
+    and timed; when the knock-out was the last step (or only knock-outs followed), the referee grades it once more."""
+    assert not knockout.unchecked_relief([("draw", False), ("knockout", False), ("repeat", False)])
+    assert not knockout.unchecked_relief([("knockout", True), ("draw", False), ("knockout", False)])
+    assert not knockout.unchecked_relief([("knockout", True), ("repeat", False)])
+    assert knockout.unchecked_relief([("draw", False), ("repeat", False), ("knockout", True)])
+    assert knockout.unchecked_relief([("knockout", True), ("knockout", False)])  # a knock-out checks no answer
+    assert knockout.unchecked_relief([("draw", False), ("knockout", True), ("knockout", True)])
+
+
 @pytest.mark.parametrize("results, expected", [
     ({"nan": {"evidence": True}, "noise": {"evidence": True}}, Check.PASSED),
     ({"nan": {"evidence": True}, "noise": {"evidence": False, "dsl_calls": 1}}, Check.FAILED),  # 0 * x

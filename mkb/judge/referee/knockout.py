@@ -104,6 +104,16 @@ def _died(referee, seed: int, exc: wire.WireError, what: str, shared: tuple) -> 
     return _replaced(referee, seed, calls, what, "hung" if hung else "died", shared)
 
 
+def unchecked_relief(ran: list[tuple[str, bool]]) -> bool:
+    """Whether a fresh process took over in a knock-out (kind, replaced) and answered no graded draw or repeat after
+    it: the relief of the last shuffled step would be profiled and timed unchecked but for the re-check's three timed
+    calls, so the referee grades it once more (details.knockout.relief_check)."""
+    pending = False
+    for kind, replaced in ran:
+        pending = (pending or replaced) if kind == "knockout" else False
+    return pending
+
+
 def _replaced(referee, seed: int, calls: int, what: str, kind: str, shared: tuple) -> dict:
     """The knocked-out draw's evidence after its process died, raised or hung (kind) after `calls` DSL calls: the
     draw's shared inputs and slots go back, and a fresh candidate process takes over (referee.relieve)."""
