@@ -114,11 +114,7 @@ def test_tirx_cpu_kernel_passes_the_real_dsl_check(graded):
 @needs_sandbox
 @pytest.mark.parametrize("fixture, strict_status", [("valid_tirx_p28", Status.PASSED),
                                                      ("valid_tirx_p32", Status.POLICY_VIOLATION),
-                                                     ("knockout_exact_gate", Status.POLICY_VIOLATION),
-                                                     pytest.param("share_thread_torch", Status.POLICY_VIOLATION,
-                                                                  marks=pytest.mark.xfail(strict=True, reason=(
-                                                                      "open: the CPU profiler records the operators "
-                                                                      "of its own thread only (docs/judge.md)")))])
+                                                     ("knockout_exact_gate", Status.POLICY_VIOLATION)])
 def test_strict_policy_requires_the_dsl_share(fixture, strict_status, catalog, graded):
     """A full TIRx kernel passes both policies; a torch-heavy GEMM with a TIRx epilogue passes paper, with its
     small share recorded, and fails strict with a message naming both shares. So does eager torch gated on a
@@ -134,6 +130,22 @@ def test_strict_policy_requires_the_dsl_share(fixture, strict_status, catalog, g
     if strict_status == Status.POLICY_VIOLATION:
         assert paper.details["dsl_share"] < 0.9 and "below the strict policy's 90%" in strict.message
         assert f"{strict.details['dsl_share']:.1%}" in strict.message
+
+
+@needs_sandbox
+def test_a_thread_of_the_kernels_leaves_no_cpu_share_to_read(catalog, graded):
+    """torch's work on a thread kernel.py started is invisible to the CPU profiler (it records its own thread's
+    operators): such a profiled call has no CPU share, so the strict policy, which needs one, refuses it."""
+    from mkb.settings import load_settings
+
+    paper = graded("share_thread_torch")
+    strict = grade(resolve("p28", catalog), KERNELS / "share_thread_torch.py", "tirx", device="cpu", scale="smoke",
+                   settings=load_settings(dsl_policy="strict"))
+    assert paper.status == Status.PASSED and paper.details["dsl_share"] is None  # paper records, does not enforce
+    assert strict.status == Status.POLICY_VIOLATION and "thread kernel.py started" in strict.message, strict.message
+    honest = grade(resolve("p28", catalog), KERNELS / "valid_tirx_p28.py", "tirx", device="cpu", scale="smoke",
+                   settings=load_settings(dsl_policy="strict"))
+    assert honest.status == Status.PASSED and honest.details["dsl_share"] is not None  # no thread: a share
 
 
 @needs_sandbox

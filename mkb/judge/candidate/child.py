@@ -92,6 +92,8 @@ class Candidate:
         """Hands a draw's state to the DSL hooks' core for the duration of solve() (knock.py); set in start()."""
         self.arm = lambda: None
         """Takes the core's baseline of the dispatcher (knock.py) once the profiler is warm; set in start()."""
+        self.threads = lambda: (0, 0)
+        """(started, running) Python threads kernel.py started (escape.track_threads); set in start()."""
         self.calls_outside = lambda: {}
         """Genuine DSL calls outside the draws so far, by DSL (knock.py; a timed call's count); set in start()."""
         self.unmask = lambda flag, nonce: 0
@@ -125,6 +127,7 @@ class Candidate:
             asked = escape.make_asker(roots.kind)
             escape.patch_unaudited(finding, asked)
             escape.patch_dispatcher(finding, asked)
+            self.threads = escape.track_threads(asked)
             extra = {**guards.forbidden_callbacks(core, finding), **escape.callbacks(finding, asked)}
             watcher, unwatched = hooks.install(core, extra=extra, check=escape.make_checker(finding), report=finding)
             blocker = _Blocker()
@@ -326,7 +329,7 @@ class Candidate:
 
         try:
             profile = trace.profile_calls(call, msg["calls"], self.spec["workdir"], self.sync, before=restore,
-                                          device=self.device)
+                                          device=self.device, threads=self.threads)
         except BaseException as exc:  # the profiler failing is reported, not fatal
             return {"ok": False, "kind": "profile_error", "error": f"{type(exc).__name__}: {exc}"[:1000]}
         finally:

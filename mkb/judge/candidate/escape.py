@@ -191,6 +191,61 @@ def patch_unaudited(report: Callable[[str], None], asked: Callable[[], bool]) ->
         setattr(module, name, guarded)
 
 
+THREAD_STARTS = (("_thread", "start_new_thread"), ("_thread", "start_joinable_thread"),
+                 ("threading", "_start_new_thread"), ("threading", "_start_joinable_thread"))
+"""Where a Python thread is started (the names this Python has): threading binds _thread's at its import."""
+
+
+def track_threads(asked: Callable[[], bool]) -> Callable[[], tuple[int, int]]:
+    """Count the Python threads kernel.py starts (asked(): see make_asker): status() -> (started, still running).
+
+    On CPU the DSL's share is read from the profiler, which records the operators of the thread that started it
+    only: torch's work moved to a thread of the kernel's would count for nobody (tests/kernels/share_thread_torch.py).
+    trace.profile_calls reads status() around each profiled call, and share.py measures no CPU share for a call that
+    such a thread may have shared. Threads of the libraries (torch's, the DSLs') and the judge's are not counted.
+    """
+    import _thread
+    import threading
+
+    lock, counts = _thread.allocate_lock(), [0, 0]
+
+    def wrap(original):
+        def start(function, *args, _original=original, _asked=asked, _lock=lock, _counts=counts, **kwargs):
+            if not _asked():
+                return _original(function, *args, **kwargs)
+
+            def run(*a, _function=function, **k):
+                try:
+                    return _function(*a, **k)
+                finally:
+                    with _lock:
+                        _counts[1] -= 1
+
+            with _lock:
+                _counts[0] += 1
+                _counts[1] += 1
+            try:
+                return _original(run, *args, **kwargs)
+            except BaseException:
+                with _lock:
+                    _counts[1] -= 1
+                raise
+
+        return start
+
+    modules = {"_thread": _thread, "threading": threading}
+    for module_name, name in THREAD_STARTS:
+        original = getattr(modules[module_name], name, None)
+        if original is not None:
+            setattr(modules[module_name], name, wrap(original))
+
+    def status() -> tuple[int, int]:
+        with lock:
+            return counts[0], counts[1]
+
+    return status
+
+
 def make_dispatcher_probe() -> Callable[[], str]:
     """probe(): the kernels registered for the DISPATCHED operators (torch's own dump of each) and the Python-routing
     dispatch keys the thread includes, as one string; it changes when anyone puts Python between the judge and

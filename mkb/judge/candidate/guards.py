@@ -9,11 +9,13 @@ kernel.py is imported, as the baseline: a candidate cannot re-baseline what it c
 
 from __future__ import annotations
 
+import _thread
 import builtins
 import json
 import os
 import struct
 import sys
+import threading
 import time
 import types
 from typing import Any, Callable
@@ -42,6 +44,8 @@ WATCHED = (
     "builtins.print", "builtins.open", "builtins.__import__", "builtins.isinstance", "builtins.len",
     "builtins.getattr", "builtins.type", "sys.exit", "sys._getframe",
     "os.read", "os.write", "os._exit", "json.dumps", "json.loads", "struct.pack", "struct.unpack",
+    "_thread.start_new_thread", "_thread.start_joinable_thread", "threading._start_new_thread",
+    "threading._start_joinable_thread",
 )
 """Entry points the judge relies on (timing, the comparison's inputs, the knock-out), or that timing hacks replace."""
 FORBIDDEN_MODULES = ("cupy", "numba", "pycuda", "jax", "tensorflow", "mojo", "tilelang", "warp")
@@ -58,7 +62,7 @@ def make_fingerprint(own: list[types.ModuleType], hooks: list[object], probe: Ca
     name, so a candidate that replaces module attributes cannot make it report the old objects.
     """
     roots = {"time": time, "torch": torch, "builtins": builtins, "sys": sys, "os": os, "json": json,
-             "struct": struct}
+             "struct": struct, "_thread": _thread, "threading": threading}
     dicts = []
     for module in own:
         dicts.append((module.__name__, vars(module)))

@@ -45,19 +45,24 @@ def warm_up() -> None:
 
 
 def profile_calls(solve: Callable[[], Any], calls: int, workdir: str, sync: Callable[[], None],
-                  before: Callable[[], None] = lambda: None, device: str = "cuda") -> dict:
+                  before: Callable[[], None] = lambda: None, device: str = "cuda",
+                  threads: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> dict:
     """Run solve() `calls` times under the Kineto profiler; return kernels and per-call summaries.
 
     before() runs ahead of every call, outside the solve ranges (it puts in-place inputs back as drawn).
     On CPU there are no kernels: the summary is the DSL's and ATen's time (summarize_cpu).
     """
     if device == "cpu":
+        shared = []
         with _profiler(None) as prof:
             for _ in range(calls):
                 before()
+                started, running = threads()
                 with torch.profiler.record_function("mkb_solve"):
                     solve()
-        return summarize_cpu(_events(prof, workdir))
+                now = threads()
+                shared.append(running > 0 or now[1] > 0 or now[0] != started)
+        return summarize_cpu(_events(prof, workdir), shared)
     marker = torch.zeros(1, device="cuda")
     sync()
     with _profiler("cuda") as prof:
@@ -80,9 +85,11 @@ def _events(prof, workdir: str) -> list[dict]:
     return events
 
 
-def summarize_cpu(events: list[dict]) -> dict:
+def summarize_cpu(events: list[dict], shared: list[bool] | None = None) -> dict:
     """On CPU, per profiled call: the time inside genuine DSL calls that no computing ATen operator took (dsl_us),
-    and the time of DSL calls and computing ATen operators together (total_us); their ratio is the share."""
+    and the time of DSL calls and computing ATen operators together (total_us); their ratio is the share.
+    kernel_threads: a Python thread kernel.py started ran during the call (escape.track_threads), whose operators
+    the profiler (it records its own thread's) did not see."""
     def spans(name: str) -> list[tuple[float, float]]:
         return [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
                 if e.get("cat") == "user_annotation" and e.get("name") == name]
@@ -95,6 +102,8 @@ def summarize_cpu(events: list[dict]) -> dict:
         inside = lambda found: [(max(a, start), min(b, end)) for a, b in found if a < end and b > start]  # noqa: E731
         ops, both = busy_us(inside(aten)), busy_us(inside(dsl) + inside(aten))
         calls.append({"dsl_us": both - ops, "total_us": both, "span_us": end - start})
+    for call, flag in zip(calls, shared or []):
+        call["kernel_threads"] = bool(flag)
     return {"calls": calls, "cpu": True}
 
 

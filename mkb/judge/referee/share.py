@@ -74,6 +74,10 @@ def _cpu(profile: dict) -> dict:
     thread: one such call once made an eager-torch SwiGLU read 93% TIRx where its other calls read 30-37%), so
     the minimum of each part is its cost and the sum over calls is not."""
     calls = [c for c in profile.get("calls") or [] if isinstance(c, dict)]
+    if any(c.get("kernel_threads") for c in calls):  # the profiler saw one thread of several: no share to read
+        return {"share": None, "basis": "cpu time", "calls": len(calls),
+                "why": "a thread kernel.py started was running during a profiled call, and the CPU profiler records "
+                       "the operators of its own thread only: the CPU share cannot be measured"}
     dsl = [float(c.get("dsl_us") or 0.0) for c in calls]
     other = [max(float(c.get("total_us") or 0.0) - d, 0.0) for c, d in zip(calls, dsl)]
     least = (min(dsl), min(other)) if calls else (0.0, 0.0)
