@@ -10,7 +10,8 @@ The shipped kernel (a warp per head, 8-byte loads, 4 heads a CTA) kept ~16 KiB i
 Arithmetic as the shipped kernel (which passed at ~0.11 of the allowance on the H200): RMSNorm in fp32
 (a 16-lane butterfly sum of squares), times the weight in fp32, NeoX rotation of the first 2 * RH dims
 in fp32 with the bf16 cos/sin table (partner dims d, d + RH sit in lanes l, l ^ (RH / 8)), one rounding
-to bf16. q goes to the q output, k and v straight into kv_cache[0 / 1] at slot_mapping[t] (skipped
+to bf16; each lane folds its rotation case into (c, -s), (c, s) or (1, 0) once, so every element is one
+multiply and one FMA with no branch (an if/elif per element compiled to divergent branches). q goes to the q output, k and v straight into kv_cache[0 / 1] at slot_mapping[t] (skipped
 when -1). Rows past the last token clamp their loads and skip their stores (no shuffle is skipped).
 """
 import torch  # before tvm, so TVM's CUDA runtime finds the already-loaded CUDA libraries
@@ -59,6 +60,8 @@ def _make(H: int, KV: int, BS: int, RH: int, EPS: float):
         rk = T.alloc_local((VEC,), "bfloat16")
         rc = T.alloc_local((VEC,), "bfloat16")
         rs = T.alloc_local((VEC,), "bfloat16")
+        cf = T.alloc_local((VEC,), "float32")
+        sf = T.alloc_local((VEC,), "float32")
         v = T.alloc_local((VEC,), "float32")
         y = T.alloc_local((VEC,), "bfloat16")
         acc = T.alloc_local((1,), "float32")
@@ -78,6 +81,10 @@ def _make(H: int, KV: int, BS: int, RH: int, EPS: float):
         ci = T.meta_var((l % RL) * VEC)                  # lanes past 2 * RL load an unused copy
         T.tile.copy(rc[:], CS[idx[1], ci:ci + VEC])
         T.tile.copy(rs[:], CS[idx[1], RH + ci:RH + ci + VEC])
+        for e in T.unroll(VEC):                          # per lane, once: lanes < RL take (c, -s), lanes
+            cf[e] = T.Select(l < 2 * RL, T.Cast("float32", rc[e]), T.float32(1))      # < 2 RL (c, s),
+            sf[e] = T.Select(l < RL, T.float32(-1) * T.Cast("float32", rs[e]),       # others (1, 0)
+                             T.Select(l < 2 * RL, T.Cast("float32", rs[e]), T.float32(0)))
         for i in T.unroll(NH - 1):                       # q heads, then the k head
             acc[0] = T.float32(0)
             for e in T.unroll(VEC):
@@ -89,14 +96,9 @@ def _make(H: int, KV: int, BS: int, RH: int, EPS: float):
                     v[e] = T.Cast("float32", x[i * VEC + e]) * inv * T.Cast("float32", rq[e])
                 else:
                     v[e] = T.Cast("float32", x[i * VEC + e]) * inv * T.Cast("float32", rk[e])
-            for e in T.unroll(VEC):
+            for e in T.unroll(VEC):                      # y = v c + partner s' (no branch, no select)
                 other: T.float32 = T.tvm_warp_shuffle_xor(FULL, v[e], RL, 32, 32)
-                if l < RL:
-                    y[e] = T.Cast("bfloat16", v[e] * T.Cast("float32", rc[e]) - other * T.Cast("float32", rs[e]))
-                elif l < 2 * RL:
-                    y[e] = T.Cast("bfloat16", v[e] * T.Cast("float32", rc[e]) + other * T.Cast("float32", rs[e]))
-                else:
-                    y[e] = T.Cast("bfloat16", v[e])
+                y[e] = T.Cast("bfloat16", v[e] * cf[e] + other * sf[e])
             if t_raw < ntok:
                 if i < QPER:
                     T.tile.copy(QO[idx[0] * H + u + i * KV, l * VEC:(l + 1) * VEC], y[:])
@@ -111,8 +113,9 @@ def _make(H: int, KV: int, BS: int, RH: int, EPS: float):
 
 _COMPILED = {}
 _FAST = {}
-"""solve()'s cache: the raw shape numbers it sees -> (executable, q heads), so a warm call does one dict
-look-up, one torch.empty and the launch."""
+"""solve()'s cache: the raw shape numbers it sees -> (the module's main function, q heads), so a warm call
+does one dict look-up, one torch.empty and the launch (calling the Executable itself re-walks its module
+tree in Executable.jit() on every call: ~5-8 us of Python on the CPU here)."""
 
 
 def _arch():
@@ -148,8 +151,8 @@ def solve(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapp
     hit = _FAST.get(key)
     if hit is None:
         (exe,) = _prepare(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, eps)
-        hit = _FAST[key] = (exe, _shape_key(qkv, cos_sin_cache, kv_cache, eps)[0])
-    exe, heads = hit
+        hit = _FAST[key] = (exe["main"], _shape_key(qkv, cos_sin_cache, kv_cache, eps)[0])
+    fn, heads = hit
     q = torch.empty(qkv.shape[0], heads, D, dtype=qkv.dtype, device=qkv.device)
-    exe(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, q)
+    fn(qkv, positions, q_norm_weight, k_norm_weight, cos_sin_cache, slot_mapping, kv_cache, q)
     return q
