@@ -56,7 +56,12 @@ def gpu_records(request):
 
 @pytest.fixture(autouse=True)
 def mkb_home(tmp_path, monkeypatch):
-    """Every test gets its own MKB_HOME (database, workspaces, caches) under tmp_path."""
+    """Every test gets its own MKB_HOME (database, workspaces, caches) under tmp_path, on a host without a dead
+    run's judge or submission directories: `verify`, `attempt` and `run-model` sweep those first and say so on
+    stderr, which a test reading a command's exact stderr would otherwise see (a run killed on this machine)."""
+    from mkb.judge import leftovers
+
+    leftovers.sweep()
     home = tmp_path / "mkb-home"
     monkeypatch.setenv("MKB_HOME", str(home))
     monkeypatch.delenv("MKB_DB", raising=False)
