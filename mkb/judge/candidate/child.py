@@ -243,10 +243,17 @@ class Candidate:
             self.sync()
         finally:
             self.draw(None)
-        if _dispatch_depth() or _function_depth():
-            self.emit({"ev": "finding", "text": MODES_LEFT})
+        if self.modes_left():
             raise PermissionError(MODES_LEFT)
         return out
+
+    def modes_left(self) -> bool:
+        """Whether solve() returned with a torch dispatch or function mode on the stack (then reported as a finding):
+        nothing of the harness may run on its result under the kernel's mode (MODES_LEFT)."""
+        if _dispatch_depth() or _function_depth():
+            self.emit({"ev": "finding", "text": MODES_LEFT})
+            return True
+        return False
 
     def cmd_timing_setup(self, msg: dict) -> dict:
         try:
@@ -296,11 +303,7 @@ class Candidate:
             _sync()
             synced.record()
             self.send({"ok": True, "launched": msg["k"]})
-            if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
-                self.emit({"ev": "finding", "text": MODES_LEFT})
-                copied = False
-            else:
-                copied = msg.get("null") or self.copy_into(self.slots, out)
+            copied = not self.modes_left() and (msg.get("null") or self.copy_into(self.slots, out))
             _sync()
             made = self.calls_outside()
             self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
@@ -337,8 +340,7 @@ class Candidate:
         if "slots" not in msg or not answer:
             return {"ok": True, **profile}
         out = answer.pop()
-        if _dispatch_depth() or _function_depth():  # nothing of the harness may run under the kernel's mode
-            self.emit({"ev": "finding", "text": MODES_LEFT})
+        if self.modes_left():
             return {"ok": True, **profile, "copied": False}
         copied = self.copy_into(slots, out)
         self.sync()

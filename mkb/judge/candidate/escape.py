@@ -38,8 +38,10 @@ Standard library and torch only; loaded by path in the candidate process. The cl
 
 from __future__ import annotations
 
+import _thread
 import re
 import sys
+import threading
 from typing import Callable
 
 import torch
@@ -204,9 +206,6 @@ def track_threads(asked: Callable[[], bool]) -> Callable[[], tuple[int, int]]:
     trace.profile_calls reads status() around each profiled call, and share.py measures no CPU share for a call that
     such a thread may have shared. Threads of the libraries (torch's, the DSLs') and the judge's are not counted.
     """
-    import _thread
-    import threading
-
     lock, counts = _thread.allocate_lock(), [0, 0]
 
     def wrap(original):
