@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 CHILD = Path(__file__).resolve().parents[1] / "mkb" / "judge" / "candidate" / "child.py"
 
@@ -58,7 +59,9 @@ def solve(x):
 harness = child.Candidate.__new__(child.Candidate)
 harness.solve, harness.pool, harness.slots = solve, [[torch.zeros(4)]], [torch.empty(4)]
 harness.calls_outside = harness_calls
-harness.send = lambda reply: log.append(("send", sorted(reply), reply.get("dsl_calls")))
+taken = [{"tirx:main": 32}, {"tirx:main": 16}]  # what came before the call, then the call's own
+harness.take_work = lambda: taken.pop(0)
+harness.send = lambda reply: log.append(("send", sorted(reply), reply.get("dsl_calls"), reply.get("dsl_work")))
 harness.emit = lambda event: log.append(("emit", event))
 
 def copy_into(slots, out):
@@ -88,6 +91,7 @@ def test_nothing_of_the_kernel_runs_between_solve_and_the_answer(tmp_path):
     assert ("after the call", True) in log  # the collector is on again once the call is answered
     done = next(entry for entry in log if entry[0] == "send" and "done" in entry[1])
     assert done[2] == {"tirx": 1}  # the call's own genuine DSL calls, for the referee's rule (timing.run_calls)
+    assert done[3] == {"tirx:main": 16}  # and their work, taken once before solve() and once after it
 
 
 class _Pool:
@@ -99,11 +103,12 @@ class _Pool:
 
 
 class _Bracket:
-    def __init__(self, counts):
-        self.counts = counts
+    def __init__(self, counts, work=lambda k: {}):
+        self.counts, self.work = counts, work
 
     def call(self, k, s, null=False, flush=None):
-        return {"ms": 1.0, "sync_ms": 0.5, "self_ms": 0.4, "copied": True, "dsl_calls": self.counts(k)}
+        return {"ms": 1.0, "sync_ms": 0.5, "self_ms": 0.4, "copied": True, "dsl_calls": self.counts(k),
+                "dsl_work": self.work(k)}
 
 
 def test_every_timed_call_must_make_a_genuine_call_of_the_dsl():
@@ -120,3 +125,60 @@ def test_every_timed_call_must_make_a_genuine_call_of_the_dsl():
     # the eager reference and the empty calls run no DSL: no rule there
     assert len(timing.run_calls(_Bracket(lambda k: {}), _Pool(), warmup=1, timed=2)) == 2
     assert len(timing.run_calls(_Bracket(lambda k: {}), _Pool(), warmup=1, timed=2, null=True, dsl="tirx")) == 2
+
+
+def test_a_timed_call_must_give_the_dsl_the_draws_work():
+    from mkb.judge.referee import timing
+
+    floor = {"tirx:main": 4096, "tirx:scale": 0}  # least bytes a draw passed each callable every draw called
+    full = {"tirx:main": 4096 + 64, "tirx:scale": 8}
+    runs = timing.run_calls(_Bracket(lambda k: {"tirx": 2}, lambda k: full), _Pool(), warmup=1, timed=3, dsl="tirx",
+                            work=floor)
+    assert len(runs) == 3 and runs[0]["dsl_work"] == full
+    for work, why in [
+        (lambda k: {"tirx:main": 16, "tirx:scale": 8}, "timed call 1 passed tirx:main 16 bytes of tensors where every "
+                                                       "draw passed it at least 4096"),  # a decorative sliver
+        (lambda k: full if k < 3 else {"tirx:main": 4096}, "timed call 4 did not call tirx:scale"),
+        (lambda k: {"tirx:main": 4096.0, "tirx:scale": 8}, "timed call 1 did not call tirx:main"),  # not a count
+    ]:
+        with pytest.raises(timing.TimingError, match=why) as caught:
+            timing.run_calls(_Bracket(lambda k: {"tirx": 2}, work), _Pool(), warmup=1, timed=3, dsl="tirx", work=floor)
+        assert caught.value.kind == "policy_violation"
+    assert timing.work_shortfall({"tirx:main": 2048}, floor | {"tirx:scale": 0}) == "did not call tirx:scale, which every draw called"
+    assert timing.work_shortfall({"tirx:main": 2048, "tirx:scale": 0}, floor) is None  # half is allowed (routing)
+
+
+def test_the_draws_work_floor_and_the_cores_count_of_it():
+    from mkb.judge.candidate import knock
+    from mkb.judge.referee import evidence
+
+    stream = evidence.Stream()
+    for index, calls in enumerate([[("k:a", 100), ("k:a", 50), ("k:b", 10)], [("k:a", 120), ("k:b", 4)],
+                                   [("k:a", 200), ("k:b", 9), ("k:c", 7)]]):
+        stream.current = index
+        for key, size in calls:
+            stream.add({"ev": "call", "dsl": "tirx", "key": key, "bytes": size})
+    stream.current = 3
+    stream.add({"ev": "call", "dsl": "tirx", "key": "k:a", "bytes": True})  # not a count: no bytes
+    stream.add({"ev": "call", "dsl": "tirx", "key": "k:b", "bytes": 2**40})
+    assert stream.work_floor() == {"k:a": 0, "k:b": 4}  # callables every draw called; the least per draw
+
+    events = []
+    core = knock.make_core(events.append, lambda text: events.append(text), lambda: "dispatcher")
+    seen = []
+
+    def kernel(*args, **kwargs):
+        seen.append(len(args))
+
+    obj = object()
+    core["register"](obj, "tirx", kernel, "tirx:main", ["main"])
+    x, y = torch.zeros(64, dtype=torch.float32), torch.zeros(8, dtype=torch.float16)
+    core["dsl_call"](obj, None, (x, 3, y), {"out": x})  # outside every draw: counted, its bytes kept
+    core["dsl_call"](obj, None, (y,), {})
+    assert core["calls_outside"]() == {"tirx": 2}
+    assert core["take_work"]() == {"tirx:main": 256 + 16 + 256 + 16} and core["take_work"]() == {}
+    core["draw"](knock.new_state(knock.OBSERVE, {}))  # a draw's call reports its bytes with its evidence
+    core["dsl_call"](obj, None, (x, y), {})
+    core["draw"](None)
+    assert [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"] == [256 + 16]
+    assert core["take_work"]() == {} and len(seen) == 3

@@ -96,6 +96,8 @@ class Candidate:
         """(started, running) Python threads kernel.py started (escape.track_threads); set in start()."""
         self.calls_outside = lambda: {}
         """Genuine DSL calls outside the draws so far, by DSL (knock.py; a timed call's count); set in start()."""
+        self.take_work = lambda: {}
+        """Bytes of tensor arguments per DSL callable since the last take (knock.py; a timed call's); set in start()."""
         self.unmask = lambda flag, nonce: 0
         """A solve command's flag -> the draw's mode (wire.mask); set from the load command's key, before kernel.py."""
 
@@ -124,6 +126,7 @@ class Candidate:
             probe = escape.make_dispatcher_probe()
             core = knock.make_core(self.emit, finding, probe)
             self.draw, self.arm, self.calls_outside = core["draw"], core["arm"], core["calls_outside"]
+            self.take_work = core["take_work"]
             asked = escape.make_asker(roots.kind)
             escape.patch_unaudited(finding, asked)
             escape.patch_dispatcher(finding, asked)
@@ -283,6 +286,7 @@ class Candidate:
         """
         start, returned, synced = (_Event(enable_timing=True) for _ in range(3))
         before = self.calls_outside()
+        self.take_work()  # what came before this call (a thread's calls, say) is not its work
         start.record()
         out = None
         try:
@@ -308,7 +312,8 @@ class Candidate:
             made = self.calls_outside()
             self.send({"ok": True, "done": msg["k"], "self_ms": wire.finite(start.elapsed_time(returned)),
                        "sync_ms": wire.finite(start.elapsed_time(synced)), "copied": bool(copied),
-                       "dsl_calls": {dsl: n - before.get(dsl, 0) for dsl, n in made.items()}})
+                       "dsl_calls": {dsl: n - before.get(dsl, 0) for dsl, n in made.items()},
+                       "dsl_work": self.take_work()})
         finally:
             if collecting:
                 _gc_enable()

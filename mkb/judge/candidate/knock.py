@@ -40,6 +40,9 @@ import torch
 NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE = 0, 1, 2, 3
 """Flags of a solve command (wire.py): the draw's mode."""
 
+WORK_KEPT = 4096
+"""Genuine DSL calls outside the draws whose work the core keeps until the harness takes it (a timed call's)."""
+
 
 MODE, PLAN, DEPTH, COMPILING = range(4)
 """A draw's state is a plain list [mode, plan, depth, compiling]: built-in types only, because a candidate
@@ -102,6 +105,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     outside: dict = {}
     """Genuine DSL calls made outside every draw and every other DSL call, by DSL (the timed calls' count: a
     solve() that tells a timed call could otherwise run torch alone there)."""
+    work: list = []
+    """The same calls since the last take_work(), as (key, bytes of its tensor arguments), at most WORK_KEPT of them:
+    a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
+    kept_most, elem_size = WORK_KEPT, Tensor.element_size
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -209,6 +216,38 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return True
         return False
 
+    def nbytes(tensors: dict) -> int:
+        total = 0
+        for t in tensors.values():
+            total += t_numel(t) * elem_size(t)
+        return total
+
+    def argument_bytes(args: tuple, kwargs: dict) -> int:
+        """Bytes of a call's tensor arguments, counted as tensor_args() finds them (torch tensors, and objects that
+        convert through DLPack) without building its positions: a timed call's calls are counted inside its window."""
+        size = 0
+        for value in list_(args) + list_(kwargs.values()):
+            kind = type_(value)
+            if kind is Tensor:
+                size += t_numel(value) * elem_size(value)
+            elif kind not in plain_types and kind is not type_ and hasattr_(kind, "__dlpack__"):
+                try:
+                    converted = from_dlpack(value)
+                except Exception_:
+                    continue
+                if type_(converted) is Tensor:
+                    size += t_numel(converted) * elem_size(converted)
+        return size
+
+    def take_work() -> dict:
+        """Bytes of tensor arguments per DSL callable (key) over the genuine calls outside the draws since the last
+        take (read at each call), then forget them."""
+        done = {}
+        for key, size in work:
+            done[key] = done.get(key, 0) + size
+        del work[:]
+        return done
+
     def run(call, args, kwargs):
         active[0] += 1
         try:
@@ -229,6 +268,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         if state is None or state[i_depth] or state[i_compiling]:
             if state is None and not active[0]:
                 outside[dsl] = outside.get(dsl, 0) + 1
+                if len_(work) < kept_most:
+                    work.append((key, argument_bytes(args, kwargs)))
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
             finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
@@ -240,10 +281,11 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             planned = planned if type_(planned) is dict_ else {}
             knocked = mode == knock_nan or mode == knock_noise
             with no_grad():
+                size = nbytes(tensors)
                 if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
                     pad(planned.get("s"))
                     knock(tensors, planned, mode)
-                    emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
+                    emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
                     return None
                 before = {p: t_clone(t) for p, t in tensors.items()}
                 started = perf()
@@ -256,7 +298,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 seen = {p: stats(tensors[p]) for p in outputs}
                 if mode == observe:
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "written": written,
-                          "stats": {p: seen[p] for p in written}, "s": took})
+                          "stats": {p: seen[p] for p in written}, "s": took, "bytes": size})
                     return result
                 if outputs and probe() != dispatcher[0]:
                     finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
@@ -266,7 +308,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     scratch = t_clone(tensors[p])
                     overwrite(data_of(tensors[p]) if knocked else data_of(scratch),
                               mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
-            emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols})
+            emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
             return result
         finally:
             state[i_depth] -= 1
@@ -301,4 +343,5 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         return dict_(outside)
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
-            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm, "calls_outside": calls_outside}
+            "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm, "calls_outside": calls_outside,
+            "take_work": take_work}

@@ -97,6 +97,22 @@ class Stream:
             counts[call["dsl"]] += 1
         return dict(counts)
 
+    def work_floor(self) -> dict[str, int]:
+        """What every draw passed each DSL callable: key -> the least bytes of tensor arguments a draw passed it over
+        its calls, for the callables every draw called (a timed call must do as much: timing.run_calls)."""
+        per_draw = []
+        for calls in self.calls.values():
+            work: dict[str, int] = defaultdict(int)
+            for call in calls:
+                key, size = _text(call.get("key"), 300), call.get("bytes")
+                if key is not None:
+                    work[key] += size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+            per_draw.append(work)
+        if not per_draw:
+            return {}
+        keys = set.intersection(*(set(w) for w in per_draw))
+        return {key: min(w[key] for w in per_draw) for key in sorted(keys)[:MAX_PLAN_KEYS]}
+
     def plan(self, index: int) -> dict:
         """The knock-out plan from the observed draw: per callable, the arguments it wrote, their scale, its time."""
         plan: dict[str, dict] = {}

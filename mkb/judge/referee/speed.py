@@ -126,7 +126,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
                 "in_process_null": timing.in_process_null_ms(), "pool_sets": pool.size,
                 "device_ms": device_ms, "eager_device_ms": eager_device_ms,
                 "eager_source": "timed in this grading" if timed_eager else "stored",
-                "rechecked_calls": [i + 1 for i in picks],
+                "rechecked_calls": [i + 1 for i in picks], "dsl_work": _work(referee, kernel_runs),
                 "profile_error": None if profile.get("ok") else profile.get("error")},
         clocks={"before": clocks_before, "after": clocks_after}, device_ms=device_ms, eager_device_ms=eager_device_ms,
         gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
@@ -136,6 +136,14 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     kernel_ms = kernel["sync_ms"]
     eager_ms = eager_fig["sync_ms"] if eager_fig else None
     return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if eager_ms else None}
+
+
+def _work(referee, runs: list[dict]) -> dict:
+    """The DSL work rule's figures (timing.work_shortfall): bytes of tensor arguments per DSL callable, the least a
+    draw passed it and the least a timed call did."""
+    floor = referee.stream.work_floor()
+    timed = {key: min((r["dsl_work"].get(key, 0) for r in runs), default=None) for key in floor}
+    return {"draws_least": floor, "timed_least": timed, "fraction": timing.WORK_FRACTION}
 
 
 def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list, Any]:
@@ -151,7 +159,8 @@ def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tu
                                                                 draws.updated(referee, pool.sets[s])))
 
     c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
-    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep, dsl=str(referee.dsl))
+    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep, dsl=str(referee.dsl),
+                            work=referee.stream.work_floor())
     referee.c.spin = False
     return runs, snapshots, picks, c_slots
 

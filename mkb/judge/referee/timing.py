@@ -41,6 +41,10 @@ import torch
 from mkb.judge.candidate import wire
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
+WORK_FRACTION = 0.5
+"""A timed call must pass each DSL callable that every draw called at least this fraction of the bytes of tensor
+arguments the draws passed it (the least over the draws; run_calls). Honest kernels pass the same tensors every
+call; a fraction below 1 leaves room for work that depends on the data (a mixture of experts' routing)."""
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
 """Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call but a
 set's very first (a warm-up call of the candidate, timed first) gets its set refilled with new random content
@@ -123,9 +127,10 @@ class Bracket:
         _expect(self.channel.recv(), "launched")
         t1 = time.perf_counter_ns()
         done = _expect(self.channel.recv(), "done")
-        calls = done.get("dsl_calls")
+        calls, work = done.get("dsl_calls"), done.get("dsl_work")
         return {"ms": (t1 - t0) / 1e6, "sync_ms": done.get("sync_ms"), "self_ms": done.get("self_ms"),
-                "copied": bool(done.get("copied")), "dsl_calls": calls if isinstance(calls, dict) else {}}
+                "copied": bool(done.get("copied")), "dsl_calls": calls if isinstance(calls, dict) else {},
+                "dsl_work": work if isinstance(work, dict) else {}}
 
 
 def settle(event: torch.cuda.Event, limit_s: float, why: str) -> None:
@@ -181,12 +186,15 @@ def flush_buffer() -> torch.Tensor:
 
 def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: torch.Tensor | None = None,
               warmup: int = WARMUP, timed: int = TIMED, on_done: Callable[[int, int], None] | None = None,
-              refill: bool = True, dsl: str | None = None) -> list[dict]:
+              refill: bool = True, dsl: str | None = None, work: dict | None = None) -> list[dict]:
     """warmup + timed bracketed calls on rotating input sets, each refilled right before its call once used.
 
     dsl (the candidate's): every call must have made at least one genuine call of that DSL (the harness counts
     them, knock.py), as every draw must; else a policy violation. A solve() can tell a timed call from a draw
     (the call count, the pool's buffers), and the speed would otherwise be torch's where the draws were the DSL's.
+    work (evidence.Stream.work_floor(): DSL callable -> the least bytes of tensor arguments a draw passed it): every
+    call must also call each of those callables with at least WORK_FRACTION of those bytes (work_shortfall), or a
+    decorative call on a sliver of the data would stand in for the draws' DSL work.
 
     An empty call (null: True, or "kernel" for one that launches a single one-element kernel) refills its
     set before every call unless refill is False, so that it carries what a timed call carries: the
@@ -207,11 +215,28 @@ def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: 
         if not isinstance(made, int) or isinstance(made, bool) or made < 1:
             raise TimingError(f"timed call {k + 1} made no {dsl} call (every solve() call must run its {dsl} kernels, "
                               "the timed ones as the draws)", "policy_violation")
+        short = work_shortfall(result["dsl_work"], work) if work and not null else None
+        if short:
+            raise TimingError(f"timed call {k + 1} {short} (every solve() call must run its DSL kernels on the data, "
+                              "the timed ones as the draws)", "policy_violation")
         if on_done is not None and k >= warmup:
             on_done(k - warmup, s)
         if k >= warmup:
             results.append(result | {"set": s, "seed": pool.seeds[s]})
     return results
+
+
+def work_shortfall(done: dict, floor: dict) -> str | None:
+    """How a timed call's DSL work (the harness's dsl_work: callable -> bytes of tensor arguments) falls short of the
+    draws' (floor), or None."""
+    for key, least in floor.items():
+        got = done.get(key)
+        if not isinstance(got, int) or isinstance(got, bool):
+            return f"did not call {key}, which every draw called"
+        if got < WORK_FRACTION * least:
+            return (f"passed {key} {got} bytes of tensors where every draw passed it at least {least} "
+                    f"(the least a timed call may pass: {WORK_FRACTION:g}x)")
+    return None
 
 
 def summarize(results: list[dict], null: dict) -> dict:
