@@ -273,6 +273,10 @@ def test_the_cpu_share_is_dsl_time_over_dsl_and_aten_time():
     noisy = {"ok": True, "cpu": True, "calls": [{"dsl_us": 30.0, "total_us": 80.0}, {"dsl_us": 1400.0,
                                                 "total_us": 1480.0}, {"dsl_us": 33.0, "total_us": 90.0}]}
     assert share.measure(noisy, {}, "tirx")["share"] == pytest.approx(30 / 80)
+    # the parts' minimums from different calls: one DSL-only call beside two torch-heavy ones reads as the latter
+    mixed = {"ok": True, "cpu": True, "calls": [{"dsl_us": 1000.0, "total_us": 1010.0}, {"dsl_us": 100.0,
+                                                "total_us": 1100.0}, {"dsl_us": 100.0, "total_us": 1100.0}]}
+    assert share.measure(mixed, {}, "tirx")["share"] == pytest.approx(100 / 1100)  # the parts alone: 100 / 110
 
 
 def _evidence(**kw):
