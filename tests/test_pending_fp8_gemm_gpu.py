@@ -1,8 +1,8 @@
 """The pending p52/p53 FP8 GEMM replacements on a GPU, beside the shipped kernels they replace.
 
-The replacements keep the shipped kernels' arithmetic (per 128-wide K block four WGMMAs into a zeroed scratch
-fragment, one fma promotion with x_scale * w_scale, the same epilogue), so where the shipped kernel computes
-the same expression the outputs must be bit for bit equal: p52 in both DSLs, p53 in TIRx (the shipped CuTe DSL
+The replacements keep the shipped kernels' arithmetic (per 128-wide K block four WGMMAs into a scratch fragment,
+zeroed or overwritten by the first of them, one fma promotion with x_scale * w_scale, the same epilogue), so where
+the shipped kernel computes the same expression the outputs must be bit for bit equal: p52 in both DSLs, p53 in TIRx (the shipped CuTe DSL
 p53 rounds h to bf16 before its SwiGLU kernel; the pending one fuses it, so it is judged against the problem's
 tolerance instead). Smoke scale runs the row-tail path (40 tokens in a 128-row tile). Run on the GPU machine:
 `pytest -m gpu tests/test_pending_fp8_gemm_gpu.py`.
@@ -34,6 +34,8 @@ def _solution(pid: str, dsl: str, pending: bool):
 @pytest.mark.parametrize("scale", ["smoke", "full"])
 @pytest.mark.parametrize("pid, dsl", [("p52", "cutedsl"), ("p52", "tirx"), ("p53", "cutedsl"), ("p53", "tirx")])
 def test_pending_gemm_matches_the_shipped_kernel(pid, dsl, scale):
+    if not (SOLUTIONS / "pending" / dsl / f"{pid}.py").exists():
+        pytest.skip(f"no pending {dsl} {pid} (moved up)")
     problem = numerics.load_problem(pid)
     torch.manual_seed(20)
     inputs = problem.make_inputs(device="cuda", scale=scale)
