@@ -130,22 +130,24 @@ def test_every_timed_call_must_make_a_genuine_call_of_the_dsl():
 def test_a_timed_call_must_give_the_dsl_the_draws_work():
     from mkb.judge.referee import timing
 
-    floor = {"tirx:main": 4096, "tirx:scale": 0}  # least bytes a draw passed each callable every draw called
-    full = {"tirx:main": 4096 + 64, "tirx:scale": 8}
+    floor = {"tirx:main": {"0": 4096, "1": 64}, "tirx:scale": {}}  # least bytes a draw passed, by argument
+    full = {"tirx:main": {"0": 4096, "1": 64, "kw:out": 9}, "tirx:scale": {"0": 8}}
     runs = timing.run_calls(_Bracket(lambda k: {"tirx": 2}, lambda k: full), _Pool(), warmup=1, timed=3, dsl="tirx",
                             work=floor)
     assert len(runs) == 3 and runs[0]["dsl_work"] == full
     for work, why in [
-        (lambda k: {"tirx:main": 16, "tirx:scale": 8}, "timed call 1 passed tirx:main 16 bytes of tensors where every "
-                                                       "draw passed it at least 4096"),  # a decorative sliver
-        (lambda k: full if k < 3 else {"tirx:main": 4096}, "timed call 4 did not call tirx:scale"),
-        (lambda k: {"tirx:main": 4096.0, "tirx:scale": 8}, "timed call 1 did not call tirx:main"),  # not a count
+        (lambda k: {"tirx:main": {"0": 16, "1": 64}, "tirx:scale": {}},
+         "timed call 1 passed tirx:main 16 bytes of tensors as argument 0 where every draw passed at least 4096"),
+        # the sliver beside a large argument the kernel does not use: each position counts on its own
+        (lambda k: {"tirx:main": {"0": 16, "1": 64, "2": 1 << 20}, "tirx:scale": {}}, "as argument 0"),
+        (lambda k: full if k < 3 else {"tirx:main": full["tirx:main"]}, "timed call 4 did not call tirx:scale"),
+        (lambda k: {"tirx:main": {"0": 4096.0, "1": 64}, "tirx:scale": {}}, "passed tirx:main 0 bytes"),  # not a count
+        (lambda k: {"tirx:main": 4096, "tirx:scale": {}}, "did not call tirx:main"),
     ]:
         with pytest.raises(timing.TimingError, match=why) as caught:
             timing.run_calls(_Bracket(lambda k: {"tirx": 2}, work), _Pool(), warmup=1, timed=3, dsl="tirx", work=floor)
         assert caught.value.kind == "policy_violation"
-    assert timing.work_shortfall({"tirx:main": 2048}, floor | {"tirx:scale": 0}) == "did not call tirx:scale, which every draw called"
-    assert timing.work_shortfall({"tirx:main": 2048, "tirx:scale": 0}, floor) is None  # half is allowed (routing)
+    assert timing.work_shortfall({"tirx:main": {"0": 2048, "1": 32}, "tirx:scale": {}}, floor) is None  # half: routing
 
 
 def test_the_draws_work_floor_and_the_cores_count_of_it():
@@ -153,15 +155,17 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     from mkb.judge.referee import evidence
 
     stream = evidence.Stream()
-    for index, calls in enumerate([[("k:a", 100), ("k:a", 50), ("k:b", 10)], [("k:a", 120), ("k:b", 4)],
-                                   [("k:a", 200), ("k:b", 9), ("k:c", 7)]]):
+    for index, calls in enumerate([[("k:a", {"0": 100, "1": 5}), ("k:a", {"0": 50}), ("k:b", {"0": 10})],
+                                   [("k:a", {"0": 120, "1": 7}), ("k:b", {"0": 4, "kw:x": 3})],
+                                   [("k:a", {"0": 200, "1": 1}), ("k:b", {"0": 9}), ("k:c", {"0": 7})]]):
         stream.current = index
-        for key, size in calls:
-            stream.add({"ev": "call", "dsl": "tirx", "key": key, "bytes": size})
+        for key, sizes in calls:
+            stream.add({"ev": "call", "dsl": "tirx", "key": key, "bytes": sizes})
+    assert stream.work_floor() == {"k:a": {"0": 120, "1": 1}, "k:b": {"0": 4}}  # every draw's callables and positions
     stream.current = 3
-    stream.add({"ev": "call", "dsl": "tirx", "key": "k:a", "bytes": True})  # not a count: no bytes
+    stream.add({"ev": "call", "dsl": "tirx", "key": "k:a", "bytes": {"0": True, "1": -1}})  # not counts: nothing
     stream.add({"ev": "call", "dsl": "tirx", "key": "k:b", "bytes": 2**40})
-    assert stream.work_floor() == {"k:a": 0, "k:b": 4}  # callables every draw called; the least per draw
+    assert stream.work_floor() == {"k:a": {}, "k:b": {}}
 
     events = []
     core = knock.make_core(events.append, lambda text: events.append(text), lambda: "dispatcher")
@@ -176,9 +180,12 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     core["dsl_call"](obj, None, (x, 3, y), {"out": x})  # outside every draw: counted, its bytes kept
     core["dsl_call"](obj, None, (y,), {})
     assert core["calls_outside"]() == {"tirx": 2}
-    assert core["take_work"]() == {"tirx:main": 256 + 16 + 256 + 16} and core["take_work"]() == {}
-    core["draw"](knock.new_state(knock.OBSERVE, {}))  # a draw's call reports its bytes with its evidence
+    assert core["take_work"]() == {"tirx:main": {"0": 256 + 16, "2": 16, "kw:out": 256}} and core["take_work"]() == {}
+    core["draw"](knock.new_state(knock.OBSERVE, {}))  # a draw's call reports the same figures with its evidence
     core["dsl_call"](obj, None, (x, y), {})
     core["draw"](None)
-    assert [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"] == [256 + 16]
+    assert [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"] == [{"0": 256, "1": 16}]
     assert core["take_work"]() == {} and len(seen) == 3
+    import numpy as np
+    core["dsl_call"](obj, None, (np.zeros(4, dtype=np.float32), object()), {"n": 3})  # DLPack counts; the rest not
+    assert core["take_work"]() == {"tirx:main": {"0": 16}}

@@ -106,8 +106,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     """Genuine DSL calls made outside every draw and every other DSL call, by DSL (the timed calls' count: a
     solve() that tells a timed call could otherwise run torch alone there)."""
     work: list = []
-    """The same calls since the last take_work(), as (key, bytes of its tensor arguments), at most WORK_KEPT of them:
-    a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
+    """The same calls since the last take_work(), as (key, bytes of each tensor argument by position), at most
+    WORK_KEPT of them: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
     kept_most, elem_size = WORK_KEPT, Tensor.element_size
 
     def arm() -> None:
@@ -216,35 +216,36 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return True
         return False
 
-    def nbytes(tensors: dict) -> int:
-        total = 0
-        for t in tensors.values():
-            total += t_numel(t) * elem_size(t)
-        return total
+    def sizes_of(tensors: dict) -> dict:
+        """Bytes of each tensor argument, by position ("0", "kw:out")."""
+        return {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
 
-    def argument_bytes(args: tuple, kwargs: dict) -> int:
-        """Bytes of a call's tensor arguments, counted as tensor_args() finds them (torch tensors, and objects that
-        convert through DLPack) without building its positions: a timed call's calls are counted inside its window."""
-        size = 0
-        for value in list_(args) + list_(kwargs.values()):
-            kind = type_(value)
-            if kind is Tensor:
-                size += t_numel(value) * elem_size(value)
-            elif kind not in plain_types and kind is not type_ and hasattr_(kind, "__dlpack__"):
-                try:
-                    converted = from_dlpack(value)
-                except Exception_:
-                    continue
-                if type_(converted) is Tensor:
-                    size += t_numel(converted) * elem_size(converted)
-        return size
+    def argument_sizes(args: tuple, kwargs: dict) -> dict:
+        """sizes_of(tensor_args(args, kwargs)), reading a torch tensor without tensor_args' general path: a timed
+        call's DSL calls are counted inside its window."""
+        found = {}
+        for position, value in enumerate_(args):
+            if type_(value) is Tensor:
+                found[str_(position)] = t_numel(value) * elem_size(value)
+            elif type_(value) not in plain_types:
+                for t in tensor_args((value,), {}).values():
+                    found[str_(position)] = t_numel(t) * elem_size(t)
+        for name, value in kwargs.items():
+            if type_(value) is Tensor:
+                found["kw:" + str_(name)] = t_numel(value) * elem_size(value)
+            elif type_(value) not in plain_types:
+                for t in tensor_args((value,), {}).values():
+                    found["kw:" + str_(name)] = t_numel(t) * elem_size(t)
+        return found
 
     def take_work() -> dict:
-        """Bytes of tensor arguments per DSL callable (key) over the genuine calls outside the draws since the last
-        take (read at each call), then forget them."""
+        """Bytes of tensor arguments per DSL callable (key) and argument position over the genuine calls outside the
+        draws since the last take (read at each call), then forget them."""
         done = {}
-        for key, size in work:
-            done[key] = done.get(key, 0) + size
+        for key, sizes in work:
+            into = done.setdefault(key, {})
+            for position, size in sizes.items():
+                into[position] = into.get(position, 0) + size
         del work[:]
         return done
 
@@ -269,7 +270,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             if state is None and not active[0]:
                 outside[dsl] = outside.get(dsl, 0) + 1
                 if len_(work) < kept_most:
-                    work.append((key, argument_bytes(args, kwargs)))
+                    work.append((key, argument_sizes(args, kwargs)))
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
             finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
@@ -281,7 +282,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             planned = planned if type_(planned) is dict_ else {}
             knocked = mode == knock_nan or mode == knock_noise
             with no_grad():
-                size = nbytes(tensors)
+                size = sizes_of(tensors)
                 if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
                     pad(planned.get("s"))
                     knock(tensors, planned, mode)

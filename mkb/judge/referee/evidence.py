@@ -42,6 +42,14 @@ def _stats(value) -> dict | None:
     return kept or None
 
 
+def _sizes(value) -> dict[str, int]:
+    """A call's bytes per argument position, as the candidate's harness sent them (at most 64 positions)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k)[:40]: int(v) for k, v in list(value.items())[:64]
+            if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 50}
+
+
 class Stream:
     """The evidence of one grading: built symbols, DSL calls per draw, findings, fingerprints."""
 
@@ -97,21 +105,27 @@ class Stream:
             counts[call["dsl"]] += 1
         return dict(counts)
 
-    def work_floor(self) -> dict[str, int]:
-        """What every draw passed each DSL callable: key -> the least bytes of tensor arguments a draw passed it over
-        its calls, for the callables every draw called (a timed call must do as much: timing.run_calls)."""
+    def work_floor(self) -> dict[str, dict[str, int]]:
+        """What every draw gave each DSL callable: key -> argument position -> the least bytes a draw passed there
+        over its calls, for the callables every draw called and the positions every draw used (a timed call must do
+        as much: timing.run_calls)."""
         per_draw = []
         for calls in self.calls.values():
-            work: dict[str, int] = defaultdict(int)
+            work: dict[str, dict[str, int]] = {}
             for call in calls:
-                key, size = _text(call.get("key"), 300), call.get("bytes")
+                key = _text(call.get("key"), 300)
                 if key is not None:
-                    work[key] += size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else 0
+                    into = work.setdefault(key, {})
+                    for position, size in _sizes(call.get("bytes")).items():
+                        into[position] = into.get(position, 0) + size
             per_draw.append(work)
         if not per_draw:
             return {}
-        keys = set.intersection(*(set(w) for w in per_draw))
-        return {key: min(w[key] for w in per_draw) for key in sorted(keys)[:MAX_PLAN_KEYS]}
+        floor = {}
+        for key in sorted(set.intersection(*(set(w) for w in per_draw)))[:MAX_PLAN_KEYS]:
+            positions = set.intersection(*(set(w[key]) for w in per_draw))
+            floor[key] = {p: min(w[key][p] for w in per_draw) for p in sorted(positions)}
+        return floor
 
     def plan(self, index: int) -> dict:
         """The knock-out plan from the observed draw: per callable, the arguments it wrote, their scale, its time."""

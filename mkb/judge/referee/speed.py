@@ -139,11 +139,17 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
 
 
 def _work(referee, runs: list[dict]) -> dict:
-    """The DSL work rule's figures (timing.work_shortfall): bytes of tensor arguments per DSL callable, the least a
-    draw passed it and the least a timed call did."""
+    """The DSL work rule's figures (timing.work_shortfall): bytes of tensors per DSL callable and argument position, the
+    least a draw passed there and the least a timed call did."""
     floor = referee.stream.work_floor()
-    timed = {key: min((r["dsl_work"].get(key, 0) for r in runs), default=None) for key in floor}
+    timed = {key: {p: min((_size(r["dsl_work"], key, p) for r in runs), default=None) for p in positions}
+             for key, positions in floor.items()}
     return {"draws_least": floor, "timed_least": timed, "fraction": timing.WORK_FRACTION}
+
+
+def _size(work: dict, key: str, position: str) -> int:
+    size = (work.get(key) if isinstance(work.get(key), dict) else {}).get(position, 0)
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list, Any]:

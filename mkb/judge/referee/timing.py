@@ -42,8 +42,8 @@ from mkb.judge.candidate import wire
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 WORK_FRACTION = 0.5
-"""A timed call must pass each DSL callable that every draw called at least this fraction of the bytes of tensor
-arguments the draws passed it (the least over the draws; run_calls). Honest kernels pass the same tensors every
+"""A timed call must pass each DSL callable that every draw called at least this fraction of the bytes of tensors the
+draws passed it at each argument position (the least over the draws; run_calls). Honest kernels pass the same tensors every
 call; a fraction below 1 leaves room for work that depends on the data (a mixture of experts' routing)."""
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
 """Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call but a
@@ -192,9 +192,10 @@ def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: 
     dsl (the candidate's): every call must have made at least one genuine call of that DSL (the harness counts
     them, knock.py), as every draw must; else a policy violation. A solve() can tell a timed call from a draw
     (the call count, the pool's buffers), and the speed would otherwise be torch's where the draws were the DSL's.
-    work (evidence.Stream.work_floor(): DSL callable -> the least bytes of tensor arguments a draw passed it): every
-    call must also call each of those callables with at least WORK_FRACTION of those bytes (work_shortfall), or a
-    decorative call on a sliver of the data would stand in for the draws' DSL work.
+    work (evidence.Stream.work_floor(): DSL callable -> argument position -> the least bytes of tensors a draw passed
+    there): every call must also call each of those callables with at least WORK_FRACTION of those bytes at each
+    position (work_shortfall), or a decorative call on a sliver of the data (beside a large unused argument, say)
+    would stand in for the draws' DSL work.
 
     An empty call (null: True, or "kernel" for one that launches a single one-element kernel) refills its
     set before every call unless refill is False, so that it carries what a timed call carries: the
@@ -227,15 +228,18 @@ def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: 
 
 
 def work_shortfall(done: dict, floor: dict) -> str | None:
-    """How a timed call's DSL work (the harness's dsl_work: callable -> bytes of tensor arguments) falls short of the
-    draws' (floor), or None."""
-    for key, least in floor.items():
+    """How a timed call's DSL work (the harness's dsl_work: callable -> argument position -> bytes of the tensors
+    passed there) falls short of the draws' (floor, evidence.Stream.work_floor), or None."""
+    for key, positions in floor.items():
         got = done.get(key)
-        if not isinstance(got, int) or isinstance(got, bool):
+        if not isinstance(got, dict):
             return f"did not call {key}, which every draw called"
-        if got < WORK_FRACTION * least:
-            return (f"passed {key} {got} bytes of tensors where every draw passed it at least {least} "
-                    f"(the least a timed call may pass: {WORK_FRACTION:g}x)")
+        for position, least in positions.items():
+            size = got.get(position, 0)
+            size = size if isinstance(size, int) and not isinstance(size, bool) else 0
+            if size < WORK_FRACTION * least:
+                return (f"passed {key} {size} bytes of tensors as argument {position} where every draw passed at "
+                        f"least {least} (the least a timed call may pass: {WORK_FRACTION:g}x)")
     return None
 
 
