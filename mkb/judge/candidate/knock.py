@@ -40,9 +40,6 @@ import torch
 NORMAL, OBSERVE, KNOCK_NAN, KNOCK_NOISE = 0, 1, 2, 3
 """Flags of a solve command (wire.py): the draw's mode."""
 
-WORK_KEPT = 4096
-"""Genuine DSL calls outside the draws whose work the core keeps until the harness takes it (a timed call's)."""
-
 
 MODE, PLAN, DEPTH, COMPILING = range(4)
 """A draw's state is a plain list [mode, plan, depth, compiling]: built-in types only, because a candidate
@@ -105,10 +102,10 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     outside: dict = {}
     """Genuine DSL calls made outside every draw and every other DSL call, by DSL (the timed calls' count: a
     solve() that tells a timed call could otherwise run torch alone there)."""
-    work: list = []
-    """The same calls since the last take_work(), as (key, bytes of each tensor argument by position), at most
-    WORK_KEPT of them: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
-    kept_most, elem_size = WORK_KEPT, Tensor.element_size
+    work: dict = {}
+    """The same calls since the last take_work(): key -> argument position -> bytes of the tensors passed there, added
+    up: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
+    elem_size = Tensor.element_size
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -220,33 +217,28 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         """Bytes of each tensor argument, by position ("0", "kw:out")."""
         return {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
 
-    def argument_sizes(args: tuple, kwargs: dict) -> dict:
-        """sizes_of(tensor_args(args, kwargs)), reading a torch tensor without tensor_args' general path: a timed
-        call's DSL calls are counted inside its window."""
-        found = {}
+    def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
+        """Add sizes_of(tensor_args(args, kwargs)) into `into`, reading a torch tensor without tensor_args' general
+        path: a timed call's DSL calls are counted inside its window."""
         for position, value in enumerate_(args):
             if type_(value) is Tensor:
-                found[str_(position)] = t_numel(value) * elem_size(value)
+                p = str_(position)
+                into[p] = into.get(p, 0) + t_numel(value) * elem_size(value)
             elif type_(value) not in plain_types:
                 for t in tensor_args((value,), {}).values():
-                    found[str_(position)] = t_numel(t) * elem_size(t)
+                    p = str_(position)
+                    into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
         for name, value in kwargs.items():
-            if type_(value) is Tensor:
-                found["kw:" + str_(name)] = t_numel(value) * elem_size(value)
-            elif type_(value) not in plain_types:
-                for t in tensor_args((value,), {}).values():
-                    found["kw:" + str_(name)] = t_numel(t) * elem_size(t)
-        return found
+            if type_(value) is Tensor or type_(value) not in plain_types:
+                for t in tensor_args((), {name: value}).values():
+                    p = "kw:" + str_(name)
+                    into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
 
     def take_work() -> dict:
         """Bytes of tensor arguments per DSL callable (key) and argument position over the genuine calls outside the
-        draws since the last take (read at each call), then forget them."""
-        done = {}
-        for key, sizes in work:
-            into = done.setdefault(key, {})
-            for position, size in sizes.items():
-                into[position] = into.get(position, 0) + size
-        del work[:]
+        draws since the last take (added up at each call), then forget them."""
+        done = {key: dict_(sizes) for key, sizes in work.items()}
+        work.clear()
         return done
 
     def run(call, args, kwargs):
@@ -269,8 +261,12 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         if state is None or state[i_depth] or state[i_compiling]:
             if state is None and not active[0]:
                 outside[dsl] = outside.get(dsl, 0) + 1
-                if len_(work) < kept_most:
-                    work.append((key, argument_sizes(args, kwargs)))
+                result = run(call, args, kwargs)
+                into = work.get(key)  # read once the launch is on its way (the GPU runs it meanwhile), before the
+                if into is None:      # candidate's code could change a tensor's size
+                    into = work[key] = {}
+                add_sizes(into, args, kwargs)
+                return result
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
             finding("a torch dispatch or function mode was active during a DSL call (it would see the judge's work)")
