@@ -378,3 +378,15 @@ def test_a_toolchain_under_tmp_is_bound_over_the_cells_private_tmp():
     tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     bind = next(i for i in range(len(args) - 2) if args[i:i + 3] == ["--ro-bind", venv, venv])
     assert tmp < bind and args.count("/tmp") == 2  # mounted once, then the venv on top of it (and --chdir /tmp)
+
+
+def test_a_cells_tmpfs_counts_but_the_hosts_disk_never_does(tmp_path):
+    """The memory watchdog adds the files in a cell's /tmp and the grading's /dev/shm to its resident memory. A process
+    caught before it entered the sandbox's mounts shows the host's filesystems there: their use is not the
+    candidate's (the host disk's 44 GB once killed a relief process under a 32 GiB limit, processes.tmpfs_mb)."""
+    from mkb.judge import processes
+
+    host = processes._devices("/", "/tmp", "/dev/shm")
+    assert processes._used_bytes(str(tmp_path), host) == 0 and processes._used_bytes("/", host) == 0
+    assert processes._used_bytes(str(tmp_path), set()) > 0  # the same path, were it not the host's: its disk's use
+    assert processes._used_bytes(str(tmp_path / "missing"), set()) == 0

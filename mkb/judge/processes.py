@@ -133,7 +133,8 @@ class Child:
         cell = next((p for p in tree if p != self.pid), None)
         if not self.sandboxed or cell is None:
             return 0.0
-        return (_used_bytes(f"/proc/{cell}/root/tmp") + _used_bytes(f"/proc/{self.pid}/root/dev/shm")) / 2**20
+        host = _devices("/", "/tmp", "/dev/shm")
+        return (_used_bytes(f"/proc/{cell}/root/tmp", host) + _used_bytes(f"/proc/{self.pid}/root/dev/shm", host)) / 2**20
 
     def describe_exit(self) -> str:
         code = self.popen.returncode
@@ -187,8 +188,23 @@ def wait_gone(pids: set[int], wait_s: float) -> set[int]:
     return left
 
 
-def _used_bytes(path: str) -> int:
+def _devices(*paths: str) -> set[int]:
+    found = set()
+    for path in paths:
+        try:
+            found.add(os.stat(path).st_dev)
+        except OSError:
+            pass
+    return found
+
+
+def _used_bytes(path: str, host: set[int]) -> int:
+    """Bytes used on the filesystem at path; 0 when it is one of the host's (`host`: their st_dev), as it is while a
+    sandbox's process has not yet entered its own mounts: its /tmp is then the host's disk, whose use is not the
+    candidate's (a relief process caught starting was once charged the host disk's 44 GB and killed)."""
     try:
+        if os.stat(path).st_dev in host:
+            return 0
         fs = os.statvfs(path)
     except OSError:
         return 0
