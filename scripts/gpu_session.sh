@@ -47,6 +47,8 @@
 #              ".device/anchors" from scripts/stage_anchors.sh), then grades every artifact/anchors/<pid>_<lib>.py
 #              as a trusted anchor and our shipped p28/p36 beside them (artifact/generators/anchors.py; ANCHOR_PROBLEMS=p36
 #              for a slice, ANCHOR_OURS=none to grade the anchors alone)          -> anchors_<gpu>.json
+#   repeat     solutions called again and again on the same inputs, bit for bit (races; REPEAT_VARIANTS, default
+#              "p61:cutedsl p61:tirx"; REPEAT_CALLS, default 200)      -> repeat_check.json
 #   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
 #              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
 # Carry .device/extra (scripts/stage_runtime.sh) too: the project's runtime wheels the image lacks are installed first.
@@ -152,6 +154,8 @@ for stage in "$@"; do
         $PY artifact/generators/anchors.py --out "$OUT/anchors_$GPU.json" --merge \
           ${ANCHOR_PROBLEMS:+--problems "$ANCHOR_PROBLEMS"} ${ANCHOR_OURS:+--ours "$ANCHOR_OURS"} \
           2>&1 | tail -30 | tee -a "$OUT/session.log" ;;
+    repeat) $PY scripts/gpu_repeat_check.py "$OUT/repeat_check.json" ${REPEAT_VARIANTS:-p61:cutedsl p61:tirx} \
+          --calls "${REPEAT_CALLS:-200}" 2>&1 | tail -20 | tee -a "$OUT/session.log" ;;
     sandbox) $PY scripts/gpu_sandbox_check.py "$OUT/sandbox_check.json" 2>&1 | tail -60 | tee -a "$OUT/session.log" ;;
     *) log "unknown stage $stage"; exit 2 ;;
   esac
