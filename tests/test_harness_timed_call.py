@@ -189,3 +189,36 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     import numpy as np
     core["dsl_call"](obj, None, (np.zeros(4, dtype=np.float32), object()), {"n": 3})  # DLPack counts; the rest not
     assert core["take_work"]() == {"tirx:main": {"0": 16}}
+
+
+def test_cute_dsl_tensor_wrappers_are_sized_by_the_dsls_own_getters():
+    """CuTe DSL's runtime tensors (cutlass.cute.runtime.from_dlpack) are neither torch tensors nor DLPack-convertible:
+    the hooks hand the core their class's shape and element-type getters when cutlass.cute loads, so a kernel called
+    through them has its work counted like one called with torch tensors (a sliver through a wrapper is caught too)."""
+    script = r"""
+import json, os, sys, torch
+from mkb.judge.candidate import hooks, knock
+events = []
+core = knock.make_core(events.append, events.append, lambda: "d")
+hooks.install(core)
+from cutlass.cute.runtime import from_dlpack
+def kernel(*a, **k):
+    pass
+obj = object()
+core["register"](obj, "cutedsl", kernel, "cutedsl:k", ["k"])
+x = torch.zeros(4, 8, dtype=torch.bfloat16)
+core["dsl_call"](obj, None, (from_dlpack(x), from_dlpack(x[:1]), 3), {})
+outside = core["take_work"]()
+core["draw"](knock.new_state(knock.OBSERVE, {}))
+core["dsl_call"](obj, None, (from_dlpack(x),), {"o": from_dlpack(x)})
+core["draw"](None)
+drawn = [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"]
+print(json.dumps({"outside": outside, "drawn": drawn}))
+"""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16}}  # 4 x 8 bf16, and the one-row sliver
+    assert found["drawn"] == [{"0": 64, "kw:o": 64}]

@@ -87,7 +87,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
     type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
-    dict_, list_, enumerate_, hasattr_, id_ = dict, list, enumerate, hasattr, id
+    dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
     plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
     registry: dict[int, tuple] = {}
@@ -213,9 +213,46 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return True
         return False
 
-    def sizes_of(tensors: dict) -> dict:
-        """Bytes of each tensor argument, by position ("0", "kw:out")."""
-        return {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
+    sizers: list = []
+    """(class, shape getter, element type getter) of a DSL's own tensor wrappers (CuTe DSL's runtime tensor: the hooks
+    add it when cutlass.cute loads), which are neither torch tensors nor DLPack-convertible: their size is read
+    through the DSL's own property getters, taken then."""
+
+    def add_sizer(klass, shape_get, element_get) -> None:
+        sizers.append((klass, shape_get, element_get))
+
+    def wrapped_size(value):
+        """Bytes of a DSL tensor wrapper (shape x element width), or None for any other object or a shape that is not
+        plain integers."""
+        kind = type_(value)
+        for klass, shape_get, element_get in sizers:
+            if kind is klass:
+                try:
+                    shape, width = shape_get(value), element_get(value).width
+                except Exception_:
+                    return None
+                count, todo = 1, [shape]
+                while todo:
+                    item = todo.pop()
+                    if type_(item) is tuple_:
+                        todo.extend(item)
+                    elif type_(item) is int_ and item >= 0:
+                        count *= item
+                    else:
+                        return None
+                return count * width // 8 if type_(width) is int_ else None
+        return None
+
+    def sizes_of(tensors: dict, args: tuple = (), kwargs: dict | None = None) -> dict:
+        """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
+        DSL's own tensor wrappers among args and kwargs."""
+        found = {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
+        if sizers:
+            for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
+                size = None if str_(position) in found else wrapped_size(value)
+                if size is not None:
+                    found[str_(position)] = size
+        return found
 
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
         """Add sizes_of(tensor_args(args, kwargs)) into `into`, reading a torch tensor without tensor_args' general
@@ -225,13 +262,17 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 p = str_(position)
                 into[p] = into.get(p, 0) + t_numel(value) * elem_size(value)
             elif type_(value) not in plain_types:
-                for t in tensor_args((value,), {}).values():
-                    p = str_(position)
+                p, size = str_(position), wrapped_size(value) if sizers else None
+                if size is not None:
+                    into[p] = into.get(p, 0) + size
+                for t in tensor_args((value,), {}).values() if size is None else ():
                     into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
         for name, value in kwargs.items():
             if type_(value) is Tensor or type_(value) not in plain_types:
-                for t in tensor_args((), {name: value}).values():
-                    p = "kw:" + str_(name)
+                p, size = "kw:" + str_(name), wrapped_size(value) if sizers else None
+                if size is not None:
+                    into[p] = into.get(p, 0) + size
+                for t in tensor_args((), {name: value}).values() if size is None else ():
                     into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
 
     def take_work() -> dict:
@@ -278,7 +319,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             planned = planned if type_(planned) is dict_ else {}
             knocked = mode == knock_nan or mode == knock_noise
             with no_grad():
-                size = sizes_of(tensors)
+                size = sizes_of(tensors, args, kwargs)
                 if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
                     pad(planned.get("s"))
                     knock(tensors, planned, mode)
@@ -341,4 +382,4 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
             "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm, "calls_outside": calls_outside,
-            "take_work": take_work}
+            "take_work": take_work, "add_sizer": add_sizer}
