@@ -134,7 +134,8 @@ class Child:
         if not self.sandboxed or cell is None:
             return 0.0
         host = _devices("/", "/tmp", "/dev/shm")
-        return (_used_bytes(f"/proc/{cell}/root/tmp", host) + _used_bytes(f"/proc/{self.pid}/root/dev/shm", host)) / 2**20
+        return (_used_bytes(f"/proc/{cell}/root/tmp", host)
+                + _used_bytes(f"/proc/{self.pid}/root/dev/shm", host)) / 2**20
 
     def describe_exit(self) -> str:
         code = self.popen.returncode

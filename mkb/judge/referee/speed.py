@@ -101,7 +101,8 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     flush = timing.flush_buffer() if mode == "flushed" else None
     clocks_before = timing.clocks()
     referee.phase = "timing: kernel"
-    kernel_runs, snapshots, picks, c_slots = _time_kernel(referee, pool, flush, timed_cpu)
+    floor = referee.stream.work_floor()  # what every draw gave the DSL: every timed call must do as much
+    kernel_runs, snapshots, picks, c_slots = _time_kernel(referee, pool, flush, timed_cpu, floor)
     referee.phase = "timing: profile"
     profile = _profile(referee, pool, c_slots, snapshots)
     evidence.profile = profile if profile.get("ok") else None
@@ -126,7 +127,7 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
                 "in_process_null": timing.in_process_null_ms(), "pool_sets": pool.size,
                 "device_ms": device_ms, "eager_device_ms": eager_device_ms,
                 "eager_source": "timed in this grading" if timed_eager else "stored",
-                "rechecked_calls": [i + 1 for i in picks], "dsl_work": _work(referee, kernel_runs),
+                "rechecked_calls": [i + 1 for i in picks], "dsl_work": _work(floor, kernel_runs),
                 "profile_error": None if profile.get("ok") else profile.get("error")},
         clocks={"before": clocks_before, "after": clocks_after}, device_ms=device_ms, eager_device_ms=eager_device_ms,
         gpu={"name": props.name, "cc": f"{props.major}.{props.minor}", "torch_cuda": torch.version.cuda,
@@ -138,23 +139,19 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
     return {"kernel_ms": kernel_ms, "eager_ms": eager_ms, "speedup": eager_ms / kernel_ms if eager_ms else None}
 
 
-def _work(referee, runs: list[dict]) -> dict:
+def _work(floor: dict, runs: list[dict]) -> dict:
     """The DSL work rule's figures (timing.work_shortfall): bytes of tensors per DSL callable and argument position, the
-    least a draw passed there and the least a timed call did."""
-    floor = referee.stream.work_floor()
-    timed = {key: {p: min((_size(r["dsl_work"], key, p) for r in runs), default=None) for p in positions}
+    least a draw passed there (floor) and the least a timed call did."""
+    timed = {key: {p: min((timing.work_size(r["dsl_work"], key, p) for r in runs), default=None) for p in positions}
              for key, positions in floor.items()}
     return {"draws_least": floor, "timed_least": timed, "fraction": timing.WORK_FRACTION}
 
 
-def _size(work: dict, key: str, position: str) -> int:
-    size = (work.get(key) if isinstance(work.get(key), dict) else {}).get(position, 0)
-    return size if isinstance(size, int) and not isinstance(size, bool) else 0
-
-
-def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tuple[list, dict, list, Any]:
+def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None,
+                 floor: dict) -> tuple[list, dict, list, Any]:
     """The candidate's warm-up and timed calls, with three random timed calls' outputs kept for re-checking (label ->
-    (seed, answer)); the slots the timed calls copy into."""
+    (seed, answer)), each held to the draws' DSL work (floor: evidence.Stream.work_floor); the slots the timed calls
+    copy into."""
     c_slots = referee.transport.slots(referee.like)
     picks = sorted(secrets.SystemRandom().sample(range(timing.TIMED), timing.RECHECKS))
     snapshots = {}
@@ -165,8 +162,7 @@ def _time_kernel(referee, pool: timing.Pool, flush, timed_cpu: int | None) -> tu
                                                                 draws.updated(referee, pool.sets[s])))
 
     c_bracket = timing.Bracket(referee.c, pool, c_slots.tree, cpu=timed_cpu)
-    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep, dsl=str(referee.dsl),
-                            work=referee.stream.work_floor())
+    runs = timing.run_calls(c_bracket, pool, flush=flush, on_done=keep, dsl=str(referee.dsl), work=floor)
     referee.c.spin = False
     return runs, snapshots, picks, c_slots
 

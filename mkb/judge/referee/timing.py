@@ -43,8 +43,8 @@ from mkb.judge.candidate import wire
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 WORK_FRACTION = 0.5
 """A timed call must pass each DSL callable that every draw called at least this fraction of the bytes of tensors the
-draws passed it at each argument position (the least over the draws; run_calls). Honest kernels pass the same tensors every
-call; a fraction below 1 leaves room for work that depends on the data (a mixture of experts' routing)."""
+draws passed it at each argument position (the least over the draws; run_calls). Honest kernels pass the same tensors
+every call; a fraction below 1 leaves room for work that depends on the data (a mixture of experts' routing)."""
 POOL_SETS, POOL_BUDGET_BYTES = 4, 8 << 30
 """Input sets shared with the harnesses (fewer when they would pass the byte budget). Every call but a
 set's very first (a warm-up call of the candidate, timed first) gets its set refilled with new random content
@@ -231,16 +231,22 @@ def work_shortfall(done: dict, floor: dict) -> str | None:
     """How a timed call's DSL work (the harness's dsl_work: callable -> argument position -> bytes of the tensors
     passed there) falls short of the draws' (floor, evidence.Stream.work_floor), or None."""
     for key, positions in floor.items():
-        got = done.get(key)
-        if not isinstance(got, dict):
+        if not isinstance(done.get(key), dict):
             return f"did not call {key}, which every draw called"
         for position, least in positions.items():
-            size = got.get(position, 0)
-            size = size if isinstance(size, int) and not isinstance(size, bool) else 0
+            size = work_size(done, key, position)
             if size < WORK_FRACTION * least:
                 return (f"passed {key} {size} bytes of tensors as argument {position} where every draw passed at "
                         f"least {least} (the least a timed call may pass: {WORK_FRACTION:g}x)")
     return None
+
+
+def work_size(done: dict, key: str, position: str) -> int:
+    """The bytes a timed call's dsl_work (as the harness sent it) gives callable `key` at `position`; 0 when absent or
+    not a count."""
+    sizes = done.get(key)
+    size = sizes.get(position, 0) if isinstance(sizes, dict) else 0
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 def summarize(results: list[dict], null: dict) -> dict:
