@@ -254,26 +254,28 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     found[str_(position)] = size
         return found
 
+    def other_size(value):
+        """Bytes of an argument that is not a torch tensor, as sizes_of(tensor_args(...)) counts it, or None: a DSL
+        tensor wrapper, else what converts through DLPack."""
+        if type_(value) in plain_types:
+            return None
+        size = wrapped_size(value) if sizers else None
+        if size is None:
+            for t in tensor_args((value,), {}).values():
+                size = t_numel(t) * elem_size(t)
+        return size
+
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
-        """Add sizes_of(tensor_args(args, kwargs)) into `into`, reading a torch tensor without tensor_args' general
-        path: a timed call's DSL calls are counted inside its window."""
-        for position, value in enumerate_(args):
-            if type_(value) is Tensor:
+        """Add each argument's bytes into `into`, by position ("0", "kw:out"), as sizes_of(tensor_args(...)) counts
+        them: a torch tensor read directly (a timed call's DSL calls are counted inside its window), anything else by
+        other_size()."""
+        positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
+                                                                                 for k, v in kwargs.items()]
+        for position, value in positions:
+            size = t_numel(value) * elem_size(value) if type_(value) is Tensor else other_size(value)
+            if size is not None:
                 p = str_(position)
-                into[p] = into.get(p, 0) + t_numel(value) * elem_size(value)
-            elif type_(value) not in plain_types:
-                p, size = str_(position), wrapped_size(value) if sizers else None
-                if size is not None:
-                    into[p] = into.get(p, 0) + size
-                for t in tensor_args((value,), {}).values() if size is None else ():
-                    into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
-        for name, value in kwargs.items():
-            if type_(value) is Tensor or type_(value) not in plain_types:
-                p, size = "kw:" + str_(name), wrapped_size(value) if sizers else None
-                if size is not None:
-                    into[p] = into.get(p, 0) + size
-                for t in tensor_args((), {name: value}).values() if size is None else ():
-                    into[p] = into.get(p, 0) + t_numel(t) * elem_size(t)
+                into[p] = into.get(p, 0) + size
 
     def take_work() -> dict:
         """Bytes of tensor arguments per DSL callable (key) and argument position over the genuine calls outside the
