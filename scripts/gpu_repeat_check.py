@@ -26,14 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mkb.problems import catalog_for, load_module, resolve  # noqa: E402
+from mkb.tensortree import flatten  # noqa: E402
 
 
 def _tensors(obj) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
+    return [t for _, t in flatten(obj) if isinstance(t, torch.Tensor)]
 
 
 def _differs(a: list[torch.Tensor], b: list[torch.Tensor]) -> float | None:

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 import nvfp4_model as m  # noqa: E402
-from mkb.tensortree import to_anchor  # noqa: E402
+from numerics import factor  # noqa: E402
+from mkb.tensortree import compare, to_anchor  # noqa: E402
 
 F32, F64, BF = torch.float32, torch.float64, torch.bfloat16
 P = m.load_problem("p61")
@@ -125,10 +126,9 @@ def kernel_stages(inputs, exp64: bool, gemm=kernel_gemm, h_bump=None):
 
 
 def judge(out, ref, anchor):
-    ref_err = float((ref.double() - anchor).abs().max())
-    allowance = 3 * max(ref_err, torch.finfo(BF).eps * float(anchor.abs().max()))
-    diff = (out.double() - anchor).abs()
-    return float(diff.max()), allowance
+    """(max error, allowance) of the referee's rule (mkb.tensortree.compare) with p61's tolerance factor."""
+    found = compare("out", out, ref, anchor, factor(P))
+    return found.max_error, found.allowance
 
 
 def one(tokens: int, seed: int) -> dict:
