@@ -148,6 +148,13 @@ def test_a_timed_call_must_give_the_dsl_the_draws_work():
             timing.run_calls(_Bracket(lambda k: {"tirx": 2}, work), _Pool(), warmup=1, timed=3, dsl="tirx", work=floor)
         assert caught.value.kind == "policy_violation"
     assert timing.work_shortfall({"tirx:main": {"0": 2048, "1": 32}, "tirx:scale": {}}, floor) is None  # half: routing
+    # a launch size passed as a number: the whole tensors, one row's worth of launch
+    rows = {"tirx:main": {"0": 4096, "n:2": 64}}
+    assert timing.work_shortfall({"tirx:main": {"0": 4096, "n:2": 64}}, rows) is None
+    assert timing.work_shortfall({"tirx:main": {"0": 4096, "n:2": 1}}, rows) == (
+        "passed tirx:main numbers adding to 1 as argument 2 where every draw passed at least 64 (the least a timed "
+        "call may pass: 0.5x)")
+    assert "numbers adding to 0 as argument 2" in timing.work_shortfall({"tirx:main": {"0": 4096}}, rows)
 
 
 def test_the_draws_work_floor_and_the_cores_count_of_it():
@@ -180,15 +187,17 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     core["dsl_call"](obj, None, (x, 3, y), {"out": x})  # outside every draw: counted, its bytes kept
     core["dsl_call"](obj, None, (y,), {})
     assert core["calls_outside"]() == {"tirx": 2}
-    assert core["take_work"]() == {"tirx:main": {"0": 256 + 16, "2": 16, "kw:out": 256}} and core["take_work"]() == {}
+    assert core["take_work"]() == {"tirx:main": {"0": 256 + 16, "n:1": 3, "2": 16, "kw:out": 256}}  # 3: a number
+    assert core["take_work"]() == {}
     core["draw"](knock.new_state(knock.OBSERVE, {}))  # a draw's call reports the same figures with its evidence
-    core["dsl_call"](obj, None, (x, y), {})
+    core["dsl_call"](obj, None, (x, y, 7, 0, -2, True, 2.5), {"rows": 5})  # positive integers only, as numbers
     core["draw"](None)
-    assert [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"] == [{"0": 256, "1": 16}]
+    assert [e["bytes"] for e in events if isinstance(e, dict) and e.get("ev") == "call"] == [
+        {"0": 256, "1": 16, "n:2": 7, "n:kw:rows": 5}]
     assert core["take_work"]() == {} and len(seen) == 3
     import numpy as np
-    core["dsl_call"](obj, None, (np.zeros(4, dtype=np.float32), object()), {"n": 3})  # DLPack counts; the rest not
-    assert core["take_work"]() == {"tirx:main": {"0": 16}}
+    core["dsl_call"](obj, None, (np.zeros(4, dtype=np.float32), object(), False), {"n": 3})  # DLPack counts, not objects
+    assert core["take_work"]() == {"tirx:main": {"0": 16, "n:kw:n": 3}}
 
 
 def test_cute_dsl_tensor_wrappers_are_sized_by_the_dsls_own_getters():
@@ -220,5 +229,5 @@ print(json.dumps({"outside": outside, "drawn": drawn}))
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16}}  # 4 x 8 bf16, and the one-row sliver
+    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16, "n:2": 3}}  # 4 x 8 bf16, the one-row sliver, 3
     assert found["drawn"] == [{"0": 64, "kw:o": 64}]

@@ -245,11 +245,15 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     def sizes_of(tensors: dict, args: tuple = (), kwargs: dict | None = None) -> dict:
         """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
-        DSL's own tensor wrappers among args and kwargs."""
+        DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value, by "n:" and its
+        position ("n:3", "n:kw:rows": a launch size passed as a number)."""
         found = {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
-        if sizers:
-            for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
-                size = None if str_(position) in found else wrapped_size(value)
+        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
+            if type_(value) is int_:
+                if value > 0:
+                    found["n:" + str_(position)] = value
+            elif sizers and str_(position) not in found:
+                size = wrapped_size(value)
                 if size is not None:
                     found[str_(position)] = size
         return found
@@ -266,13 +270,19 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         return size
 
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
-        """Add each argument's bytes into `into`, by position ("0", "kw:out"), as sizes_of(tensor_args(...)) counts
-        them: a torch tensor read directly (a timed call's DSL calls are counted inside its window), anything else by
-        other_size()."""
+        """Add each argument's bytes into `into`, by position ("0", "kw:out"), and each positive integer's value (by
+        "n:" and its position), as sizes_of(tensor_args(...)) counts them: a torch tensor read directly (a timed call's
+        DSL calls are counted inside its window), anything else by other_size()."""
         positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
                                                                                  for k, v in kwargs.items()]
         for position, value in positions:
-            size = t_numel(value) * elem_size(value) if type_(value) is Tensor else other_size(value)
+            kind = type_(value)
+            if kind is int_:
+                if value > 0:
+                    p = "n:" + str_(position)
+                    into[p] = into.get(p, 0) + value
+                continue
+            size = t_numel(value) * elem_size(value) if kind is Tensor else other_size(value)
             if size is not None:
                 p = str_(position)
                 into[p] = into.get(p, 0) + size

@@ -229,15 +229,18 @@ def run_calls(bracket: Bracket, pool: Pool, *, null: bool | str = False, flush: 
 
 def work_shortfall(done: dict, floor: dict) -> str | None:
     """How a timed call's DSL work (the harness's dsl_work: callable -> argument position -> bytes of the tensors
-    passed there) falls short of the draws' (floor, evidence.Stream.work_floor), or None."""
+    passed there, or for "n:<position>" the sum of the positive integers passed there: a launch size passed as a
+    number) falls short of the draws' (floor, evidence.Stream.work_floor), or None."""
     for key, positions in floor.items():
         if not isinstance(done.get(key), dict):
             return f"did not call {key}, which every draw called"
         for position, least in positions.items():
             size = work_size(done, key, position)
             if size < WORK_FRACTION * least:
-                return (f"passed {key} {size} bytes of tensors as argument {position} where every draw passed at "
-                        f"least {least} (the least a timed call may pass: {WORK_FRACTION:g}x)")
+                what, where = ((f"numbers adding to {size}", position[2:]) if position.startswith("n:")
+                               else (f"{size} bytes of tensors", position))
+                return (f"passed {key} {what} as argument {where} where every draw passed at least {least} (the least "
+                        f"a timed call may pass: {WORK_FRACTION:g}x)")
     return None
 
 
