@@ -199,6 +199,15 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     core["dsl_call"](obj, None, (np.zeros(4, dtype=np.float32), object(), False), {"n": 3})  # DLPack counts, not objects
     assert core["take_work"]() == {"tirx:main": {"0": 16, "n:kw:n": 3}}
 
+    class Size(int):  # a launch size that says 1 when asked and holds 4096
+        def __index__(self):
+            return 1
+
+        __int__ = __index__
+
+    core["dsl_call"](obj, None, (Size(4096), np.int32(7), torch.tensor([5]), 2.0, "9"), {})
+    assert core["take_work"]() == {"tirx:main": {"n:0": 4096, "n:1": 7, "2": 8}}  # the int held; a tensor is bytes
+
 
 def test_cute_dsl_tensor_wrappers_are_sized_by_the_dsls_own_getters():
     """CuTe DSL's runtime tensors (cutlass.cute.runtime.from_dlpack) are neither torch tensors nor DLPack-convertible:

@@ -31,6 +31,7 @@ torch dispatch or function mode active during a DSL call is refused in every mod
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from typing import Any, Callable
@@ -87,6 +88,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
     type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
+    bool_, index_, isinstance_ = bool, operator.index, isinstance
     dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
     plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
@@ -243,19 +245,37 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 return count * width // 8 if type_(width) is int_ else None
         return None
 
+    def number(value):
+        """A positive integer an argument stands for (a launch size passed as a number), or None: a Python int, an int
+        subclass read as the int it holds (operator.index does not call a subclass's __index__), or any other object
+        with an __index__ (numpy's integers, a DSL's integer types) read through it; never a bool or a tensor (a
+        one-element tensor's __index__ would wait for the GPU)."""
+        kind = type_(value)
+        if kind is int_:
+            return value if value > 0 else None
+        if kind is bool_ or kind in plain_types or isinstance_(value, Tensor) or not hasattr_(kind, "__index__"):
+            return None
+        try:
+            n = index_(value)
+        except Exception_:
+            return None
+        return n if type_(n) is int_ and n > 0 else None
+
     def sizes_of(tensors: dict, args: tuple = (), kwargs: dict | None = None) -> dict:
         """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
-        DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value, by "n:" and its
-        position ("n:3", "n:kw:rows": a launch size passed as a number)."""
+        DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value (number()), by
+        "n:" and its position ("n:3", "n:kw:rows": a launch size passed as a number)."""
         found = {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
         for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
-            if type_(value) is int_:
-                if value > 0:
-                    found["n:" + str_(position)] = value
-            elif sizers and str_(position) not in found:
-                size = wrapped_size(value)
-                if size is not None:
-                    found[str_(position)] = size
+            if str_(position) in found:
+                continue
+            size = wrapped_size(value) if sizers else None
+            if size is not None:
+                found[str_(position)] = size
+            else:
+                n = number(value)
+                if n is not None:
+                    found["n:" + str_(position)] = n
         return found
 
     def other_size(value):
@@ -276,16 +296,15 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
                                                                                  for k, v in kwargs.items()]
         for position, value in positions:
-            kind = type_(value)
-            if kind is int_:
-                if value > 0:
-                    p = "n:" + str_(position)
-                    into[p] = into.get(p, 0) + value
-                continue
-            size = t_numel(value) * elem_size(value) if kind is Tensor else other_size(value)
+            size = t_numel(value) * elem_size(value) if type_(value) is Tensor else other_size(value)
             if size is not None:
                 p = str_(position)
                 into[p] = into.get(p, 0) + size
+            else:
+                n = number(value)
+                if n is not None:
+                    p = "n:" + str_(position)
+                    into[p] = into.get(p, 0) + n
 
     def take_work() -> dict:
         """Bytes of tensor arguments per DSL callable (key) and argument position over the genuine calls outside the
