@@ -130,6 +130,8 @@ class SlotRecord:
     """'match', 'mismatch' or 'not comparable'."""
     inputs: str
     outputs: list[OutputCheck] = field(default_factory=list)
+    returns: str = ""
+    """The containers both references return (in-place outputs are graded through MUTATES in ours)."""
     constants: list[str] = field(default_factory=list)
     full_scale: list[str] = field(default_factory=list)
     full_scale_devices: str = ""
@@ -178,11 +180,22 @@ def draw_ours(ours, slot: int) -> tuple[list, str]:
                     + f" ({workload.why})")
 
 
+_SHAPES: dict[str, str] = {}
+"""The container each reference returned in the latest run (a tuple of n, a tensor, None)."""
+
+
+def _structure(result: Any) -> str:
+    if isinstance(result, (tuple, list)):
+        return f"{type(result).__name__} of {len(result)}"
+    return "None" if result is None else type(result).__name__
+
+
 def outputs_with_inplace(module, inputs: list, mutates: tuple[str, ...]) -> tuple[list, dict[int, Any]]:
     """Call a reference; return its outputs as a list, and the inputs it names in MUTATES after the call."""
     import inspect
     names = list(inspect.signature(module.reference).parameters)
     result = module.reference(*inputs)
+    _SHAPES["ours"] = _structure(result) + (f" (+ in place: {', '.join(mutates)})" if mutates else "")
     returned = [] if result is None else list(result) if isinstance(result, (tuple, list)) else [result]
     updated = {names.index(name): inputs[names.index(name)] for name in mutates}
     return returned, updated
@@ -227,6 +240,7 @@ def run_pair(orig, ours, inputs: list) -> tuple[list, list, list, dict[int, Any]
     names = list(inspect.signature(ours.reference).parameters)
     orig_inputs = clone(inputs)
     orig_out = orig.reference(*orig_inputs)
+    _SHAPES["original"] = _structure(orig_out)
     orig_out = list(orig_out) if isinstance(orig_out, (tuple, list)) else [orig_out]
     ours_returned, ours_updated = outputs_with_inplace(ours, clone(inputs), getattr(ours, "MUTATES", ()))
     return orig_out, orig_inputs, ours_returned, ours_updated, names
@@ -235,6 +249,7 @@ def run_pair(orig, ours, inputs: list) -> tuple[list, list, list, dict[int, Any]
 def compare_slot(orig, ours, inputs: list, record: SlotRecord) -> None:
     """Run both references natively and on the fp64 anchor, and fill record.outputs."""
     native = run_pair(orig, ours, inputs)
+    record.returns = f"original: {_SHAPES['original']}; ours: {_SHAPES['ours']}"
     anchor = run_pair(orig, ours, to_anchor(inputs))
     pairs_native = match_outputs(*native)
     pairs_anchor = match_outputs(*anchor)
@@ -302,8 +317,19 @@ def compare_full_scale(orig, ours, slot: int, record: SlotRecord) -> None:
         torch.manual_seed(slot)
         return ours.make_inputs(device=device, scale="full")
 
+    start = time.perf_counter()
     orig_full, orig_dev = draw_full(draw_orig)
+    orig_s = time.perf_counter() - start
     ours_full, ours_dev = draw_full(draw_ours)
+    if orig_s < 10.0:  # a second draw shows shapes the original redraws (p24's block-table width)
+        for seed in range(1, 9):
+            torch.manual_seed(slot + 100 * seed)
+            with _DeviceMap(orig_dev):
+                other = orig.make_inputs()
+            for i, (a, b) in enumerate(zip(orig_full, other)):
+                if isinstance(a, torch.Tensor) and tuple(a.shape) != tuple(b.shape):
+                    record.notes.append(f"full scale, original arg {i}: shape varies per draw "
+                                        f"({tuple(a.shape)} and {tuple(b.shape)} seen); ours {tuple(ours_full[i].shape)}")
     record.full_scale_devices = f"original on {orig_dev}, ours on {ours_dev}"
     if len(orig_full) != len(ours_full):
         record.full_scale.append(f"argument count: original {len(orig_full)}, ours {len(ours_full)}")
