@@ -159,6 +159,12 @@ def render(rows: list[FidelityRow], catalog: list[ProblemInfo]) -> str:
         "reason given.",
         "",
         f"Verdicts: {counts['same']} same, {counts['minor']} minor, {counts['deviation']} deviation.",
+        "",
+        "The 32 slots whose original is a problem file are also run side by side with it on the CPU "
+        "(`scripts/fidelity_side_by_side.py ORIGINAL_CHECKOUT`: the same inputs from our `make_inputs` to both "
+        "references, every output compared natively and on the fp64 anchor, in-place outputs through `MUTATES`, "
+        "constants and full-scale input shapes compared); the last run is "
+        "`artifact/cpu/fidelity_side_by_side_2026-12-08.json`: all 32 match.",
     ]
     if absent := missing(rows, catalog):
         lines += ["", f"**Not yet compared** ({len(absent)}): {', '.join(absent)}."]
