@@ -52,6 +52,8 @@
 #   sandbox    the judge's sandbox on the GPU: what CUDA IPC needs across it, every attack fixture graded
 #              as CuTe DSL and TIRx, contained and leaving nothing -> sandbox_check.json
 # Carry .device/extra (scripts/stage_runtime.sh) too: the project's runtime wheels the image lacks are installed first.
+# Staging in three calls instead of five: scripts/stage_compact.sh (it prints the calls; its slim runtime set has no
+# duckdb, so calibrate, regrade, reference, reproduce and ray need .device/extra carried as well).
 # The judge grades only inside its bwrap sandbox: a bwrap staged with scripts/stage_bwrap.sh (carry
 # ".device/bwrap") is installed first when the machine has none.
 set -uo pipefail
