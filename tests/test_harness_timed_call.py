@@ -208,6 +208,13 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     core["dsl_call"](obj, None, (Size(4096), np.int32(7), torch.tensor([5]), 2.0, "9"), {})
     assert core["take_work"]() == {"tirx:main": {"n:0": 4096, "n:1": 7, "2": 8}}  # the int held; a tensor is bytes
 
+    # views count the memory behind them: a broadcast row, overlapping windows, a strided slice, a transpose
+    big = torch.zeros(64, 32, dtype=torch.float32)
+    core["dsl_call"](obj, None, (big[:1].expand(64, 32), big.view(-1).as_strided((64, 32), (1, 1)), big[:, :8],
+                                 big.t(), big[:0]), {})
+    assert core["take_work"]() == {"tirx:main": {"0": 32 * 4, "1": 95 * 4, "2": 64 * 8 * 4, "3": 64 * 32 * 4,
+                                                 "4": 0}}
+
 
 def test_cute_dsl_tensor_wrappers_are_sized_by_the_dsls_own_getters():
     """CuTe DSL's runtime tensors (cutlass.cute.runtime.from_dlpack) are neither torch tensors nor DLPack-convertible:
@@ -225,7 +232,7 @@ def kernel(*a, **k):
 obj = object()
 core["register"](obj, "cutedsl", kernel, "cutedsl:k", ["k"])
 x = torch.zeros(4, 8, dtype=torch.bfloat16)
-core["dsl_call"](obj, None, (from_dlpack(x), from_dlpack(x[:1]), 3), {})
+core["dsl_call"](obj, None, (from_dlpack(x), from_dlpack(x[:1]), 3, from_dlpack(x[:1].expand(4, 8))), {})
 outside = core["take_work"]()
 core["draw"](knock.new_state(knock.OBSERVE, {}))
 core["dsl_call"](obj, None, (from_dlpack(x),), {"o": from_dlpack(x)})
@@ -238,5 +245,6 @@ print(json.dumps({"outside": outside, "drawn": drawn}))
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16, "n:2": 3}}  # 4 x 8 bf16, the one-row sliver, 3
+    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16, "n:2": 3, "3": 16}}  # 4 x 8 bf16, a row, 3, a row
+    # (the last: one row broadcast to four, stride 0, counted by the memory behind it)
     assert found["drawn"] == [{"0": 64, "kw:o": 64}]

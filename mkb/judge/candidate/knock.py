@@ -88,7 +88,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
     type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
-    bool_, index_, isinstance_ = bool, operator.index, isinstance
+    bool_, index_, isinstance_, zip_ = bool, operator.index, isinstance, zip
     dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
     plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
@@ -108,6 +108,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     """The same calls since the last take_work(): key -> argument position -> bytes of the tensors passed there, added
     up: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
     elem_size = Tensor.element_size
+    t_stride, t_is_contig = Tensor.stride, Tensor.is_contiguous
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -215,22 +216,48 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return True
         return False
 
-    sizers: list = []
-    """(class, shape getter, element type getter) of a DSL's own tensor wrappers (CuTe DSL's runtime tensor: the hooks
-    add it when cutlass.cute loads), which are neither torch tensors nor DLPack-convertible: their size is read
-    through the DSL's own property getters, taken then."""
+    def span(shape, strides) -> int | None:
+        """Distinct elements a strided view can address, at most its element count: 1 + sum((size - 1) x |stride|),
+        so a broadcast (stride 0) or overlapping view counts the memory behind it, not its repeats; None when shape
+        and strides are not matching sequences of plain integers."""
+        if type_(shape) is not tuple_ or type_(strides) is not tuple_ or len_(shape) != len_(strides):
+            return None
+        count, reach = 1, 1
+        for size, stride in zip_(shape, strides):
+            if type_(size) is not int_ or type_(stride) is not int_ or size < 0:
+                return None
+            if size == 0:
+                return 0
+            count *= size
+            reach += (size - 1) * abs_(stride)
+        return min_(count, reach)
 
-    def add_sizer(klass, shape_get, element_get) -> None:
-        sizers.append((klass, shape_get, element_get))
+    def tensor_bytes(t) -> int:
+        """Bytes of memory a torch tensor's elements occupy: its element count for a contiguous tensor, else the
+        distinct elements its strides address (span), times the element size."""
+        if t_is_contig(t):
+            return t_numel(t) * elem_size(t)
+        n = span(tuple_(shape_of(t)), tuple_(t_stride(t)))
+        return (t_numel(t) if n is None else n) * elem_size(t)
+
+    sizers: list = []
+    """(class, shape getter, element type getter, stride getter or None) of a DSL's own tensor wrappers (CuTe DSL's
+    runtime tensor: the hooks add it when cutlass.cute loads), which are neither torch tensors nor
+    DLPack-convertible: their size is read through the DSL's own property getters, taken then (span() with the
+    strides)."""
+
+    def add_sizer(klass, shape_get, element_get, stride_get=None) -> None:
+        sizers.append((klass, shape_get, element_get, stride_get))
 
     def wrapped_size(value):
         """Bytes of a DSL tensor wrapper (shape x element width), or None for any other object or a shape that is not
         plain integers."""
         kind = type_(value)
-        for klass, shape_get, element_get in sizers:
+        for klass, shape_get, element_get, stride_get in sizers:
             if kind is klass:
                 try:
                     shape, width = shape_get(value), element_get(value).width
+                    strides = stride_get(value) if stride_get is not None else None
                 except Exception_:
                     return None
                 count, todo = 1, [shape]
@@ -242,6 +269,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                         count *= item
                     else:
                         return None
+                reach = span(shape, strides)
+                count = count if reach is None else min_(count, reach)
                 return count * width // 8 if type_(width) is int_ else None
         return None
 
@@ -265,7 +294,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
         DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value (number()), by
         "n:" and its position ("n:3", "n:kw:rows": a launch size passed as a number)."""
-        found = {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
+        found = {p: tensor_bytes(t) for p, t in tensors.items()}
         for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
             if str_(position) in found:
                 continue
@@ -286,7 +315,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         size = wrapped_size(value) if sizers else None
         if size is None:
             for t in tensor_args((value,), {}).values():
-                size = t_numel(t) * elem_size(t)
+                size = tensor_bytes(t)
         return size
 
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
@@ -296,7 +325,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
                                                                                  for k, v in kwargs.items()]
         for position, value in positions:
-            size = t_numel(value) * elem_size(value) if type_(value) is Tensor else other_size(value)
+            size = tensor_bytes(value) if type_(value) is Tensor else other_size(value)
             if size is not None:
                 p = str_(position)
                 into[p] = into.get(p, 0) + size
