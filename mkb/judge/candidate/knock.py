@@ -250,8 +250,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         sizers.append((klass, shape_get, element_get, stride_get))
 
     def wrapped_size(value):
-        """Bytes of a DSL tensor wrapper (shape x element width), or None for any other object or a shape that is not
-        plain integers."""
+        """Bytes of a DSL tensor wrapper (its elements, at most the distinct ones its strides address, x element width),
+        or None for any other object or a shape that is not plain integers."""
         kind = type_(value)
         for klass, shape_get, element_get, stride_get in sizers:
             if kind is klass:
