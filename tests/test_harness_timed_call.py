@@ -211,9 +211,9 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
     # views count the memory behind them: a broadcast row, overlapping windows, a strided slice, a transpose
     big = torch.zeros(64, 32, dtype=torch.float32)
     core["dsl_call"](obj, None, (big[:1].expand(64, 32), big.view(-1).as_strided((64, 32), (1, 1)), big[:, :8],
-                                 big.t(), big[:0]), {})
+                                 big.t(), big[:0], big[:, :1].expand(64, 32)), {})
     assert core["take_work"]() == {"tirx:main": {"0": 32 * 4, "1": 95 * 4, "2": 64 * 8 * 4, "3": 64 * 32 * 4,
-                                                 "4": 0}}
+                                                 "4": 0, "5": 64 * 4}}  # the last: one column, broadcast
 
 
 def test_cute_dsl_tensor_wrappers_are_sized_by_the_dsls_own_getters():

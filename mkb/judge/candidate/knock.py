@@ -217,9 +217,9 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         return False
 
     def span(shape, strides) -> int | None:
-        """Distinct elements a strided view can address, at most its element count: 1 + sum((size - 1) x |stride|),
-        so a broadcast (stride 0) or overlapping view counts the memory behind it, not its repeats; None when shape
-        and strides are not matching sequences of plain integers."""
+        """Distinct elements a strided view can address: the product of its sizes along non-zero strides, at most
+        1 + sum((size - 1) x |stride|), so a broadcast (stride 0) or overlapping view counts the memory behind it, not
+        its repeats; None when shape and strides are not matching sequences of plain integers."""
         if type_(shape) is not tuple_ or type_(strides) is not tuple_ or len_(shape) != len_(strides):
             return None
         count, reach = 1, 1
@@ -228,8 +228,9 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 return None
             if size == 0:
                 return 0
-            count *= size
-            reach += (size - 1) * abs_(stride)
+            if stride:  # a broadcast dimension repeats memory: it adds neither elements nor reach
+                count *= size
+                reach += (size - 1) * abs_(stride)
         return min_(count, reach)
 
     def tensor_bytes(t) -> int:
