@@ -225,7 +225,7 @@ def kernel(*a, **k):
 obj = object()
 core["register"](obj, "cutedsl", kernel, "cutedsl:k", ["k"])
 x = torch.zeros(4, 8, dtype=torch.bfloat16)
-core["dsl_call"](obj, None, (from_dlpack(x), from_dlpack(x[:1]), 3), {})
+core["dsl_call"](obj, None, (from_dlpack(x), from_dlpack(x[:1]), 3, from_dlpack(x[:1].expand(4, 8))), {})
 outside = core["take_work"]()
 core["draw"](knock.new_state(knock.OBSERVE, {}))
 core["dsl_call"](obj, None, (from_dlpack(x),), {"o": from_dlpack(x)})
@@ -238,5 +238,35 @@ print(json.dumps({"outside": outside, "drawn": drawn}))
                           env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert proc.returncode == 0, proc.stderr[-2000:]
     found = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16, "n:2": 3}}  # 4 x 8 bf16, the one-row sliver, 3
+    # 4 x 8 bf16, the one-row sliver, 3, and the sliver expanded to 4 x 8 (stride 0): its one row of memory
+    assert found["outside"] == {"cutedsl:k": {"0": 64, "1": 16, "n:2": 3, "3": 16}}
     assert found["drawn"] == [{"0": 64, "kw:o": 64}]
+
+
+def test_a_tensor_counts_the_memory_it_spans_not_its_numel():
+    """A timed call's sliver expanded to the draws' shape (stride 0) has the draws' numel but one row of memory, and a
+    TIRx kernel with symbolic strides takes any layout, so a zero stride could also tell it to do nothing
+    (tests/kernels/rt8dsl_timed_expand_tirx_p28.py): the core counts what a tensor can address, not its numel."""
+    from mkb.judge.candidate import knock
+
+    core = knock.make_core(lambda e: None, lambda text: None, lambda: "dispatcher")
+    obj = object()
+    core["register"](obj, "tirx", lambda *a, **k: None, "tirx:main", ["main"])
+    x = torch.zeros(64, 32, dtype=torch.bfloat16)  # 4096 bytes
+    big = torch.zeros(64 * 1000, dtype=torch.float32)
+    for view, size in [
+        (x, 4096), (x.t(), 4096), (x[:, :8], 1024), (x[::2], 2048), (x[:0], 0),  # honest layouts: numel x width
+        (x[:1].expand(64, 32), 64), (x[:1, :1].expand(64, 32), 2),  # broadcast: one row, one element
+        (torch.zeros(1, dtype=torch.float32).expand(1 << 40), 4),  # a terabyte of numel, four bytes of memory
+        (x.view(-1).as_strided((64, 32), (1, 1)), 95 * 2),  # overlapping rows: 95 distinct elements
+        (big.as_strided((64, 2), (1000, 1)), 128 * 4),  # huge strides, no overlap: each element read counts once
+    ]:
+        core["dsl_call"](obj, None, (view,), {"out": view})
+        assert core["take_work"]() == {"tirx:main": {"0": size, "kw:out": size}}, (tuple(view.shape), view.stride())
+    import numpy as np  # DLPack-converted arrays count the same way
+    core["dsl_call"](obj, None, (np.broadcast_to(np.zeros(8, dtype=np.float32), (100, 8)),), {})
+    assert core["take_work"]() == {"tirx:main": {"0": 32}}
+    # the rule then refuses the expanded sliver where the draws passed the whole tensor
+    from mkb.judge.referee import timing
+    assert "passed tirx:main 64 bytes of tensors as argument 0 where every draw passed at least 4096" in (
+        timing.work_shortfall({"tirx:main": {"0": 64}}, {"tirx:main": {"0": 4096}}))

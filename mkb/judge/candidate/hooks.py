@@ -131,7 +131,7 @@ def make_entries(core: dict, check: Callable[[object, list], None]) -> dict:
     modules, symbols_of_cute, symbols_of_tvm = sys.modules, cute_symbols, tvm_symbols
     type_, getattr_, setattr_, str_, sorted_, object_ = type, getattr, setattr, str, sorted, object
     TypeError_, set_attr, property_ = TypeError, object.__setattr__, property
-    add_sizer = core.get("add_sizer") or (lambda klass, shape_get, element_get: None)
+    add_sizer = core.get("add_sizer") or (lambda klass, shape_get, element_get, stride_get=None: None)
     originals: dict = {}
     """What the patches replaced, by name, and each patched class's own __call__ (by class)."""
     dsls: list = []
@@ -234,9 +234,10 @@ def make_entries(core: dict, check: Callable[[object, list], None]) -> dict:
         setattr_(executor.JitCompiledFunction, "run_compiled_program", cute_run_trampoline)
         patch_call(executor.JitCompiledFunction)
         wrapper = getattr_(modules.get("cutlass.cute.runtime"), "_Tensor", None)  # CuTe DSL's runtime tensor
-        shape, element = (getattr_(wrapper, "__dict__", {}).get(name) for name in ("shape", "element_type"))
+        shape, element, stride = (getattr_(wrapper, "__dict__", {}).get(name) for name in ("shape", "element_type",
+                                                                                           "stride"))
         if type_(shape) is property_ and type_(element) is property_:  # sized by its own getters, taken now
-            add_sizer(wrapper, shape.fget, element.fget)
+            add_sizer(wrapper, shape.fget, element.fget, stride.fget if type_(stride) is property_ else None)
         found = modules.get("cutlass.cutlass_dsl")
         for name in ("CuTeDSL", "CutlassBaseDSL", "CuteExperimentalDSL"):
             klass = getattr_(found, name, None)

@@ -87,7 +87,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     shape_of = Tensor.shape.__get__
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
-    type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
+    type_, str_, int_, float_, len_, abs_, max_, min_, zip_ = type, str, int, float, len, abs, max, min, zip
     bool_, index_, isinstance_ = bool, operator.index, isinstance
     dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
@@ -107,7 +107,34 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     work: dict = {}
     """The same calls since the last take_work(): key -> argument position -> bytes of the tensors passed there, added
     up: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
-    elem_size = Tensor.element_size
+    elem_size, t_stride = Tensor.element_size, Tensor.stride
+
+    def reach(sizes, strides):
+        """How many elements a layout can address, or None when sizes and strides are not plain integers of the same
+        rank: the product of the sizes along non-zero strides, and at most the distance from its first element to its
+        last plus one. An expanded (broadcast, stride 0) or overlapping view counts the memory it spans, not its
+        numel: a timed call's sliver, expanded to the draws' shape (or a kernel told by a zero stride to do nothing),
+        would otherwise pass the work rule; a tensor that does not overlap itself counts its numel."""
+        if len_(sizes) != len_(strides):
+            return None
+        count, span = 1, 1
+        for size, step in zip_(sizes, strides):
+            if type_(size) is not int_ or type_(step) is not int_ or size < 0:
+                return None
+            if size == 0:
+                return 0
+            if step:
+                count *= size
+                span += (size - 1) * abs_(step)
+        return min_(count, span)
+
+    def tensor_bytes(t) -> int:
+        """Bytes of memory a plain torch tensor can address (reach), 0 where its layout has no strides (sparse)."""
+        try:
+            count = reach(tuple_(shape_of(t)), t_stride(t))
+        except Exception_:
+            return 0
+        return 0 if count is None else count * elem_size(t)
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -216,33 +243,47 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         return False
 
     sizers: list = []
-    """(class, shape getter, element type getter) of a DSL's own tensor wrappers (CuTe DSL's runtime tensor: the hooks
-    add it when cutlass.cute loads), which are neither torch tensors nor DLPack-convertible: their size is read
-    through the DSL's own property getters, taken then."""
+    """(class, shape getter, element type getter, stride getter or None) of a DSL's own tensor wrappers (CuTe DSL's
+    runtime tensor: the hooks add it when cutlass.cute loads), which are neither torch tensors nor DLPack-convertible:
+    their size is read through the DSL's own property getters, taken then."""
 
-    def add_sizer(klass, shape_get, element_get) -> None:
-        sizers.append((klass, shape_get, element_get))
+    def add_sizer(klass, shape_get, element_get, stride_get=None) -> None:
+        sizers.append((klass, shape_get, element_get, stride_get))
+
+    def flat(item):
+        """The integers of a (nested) tuple of integers, in order, or None for anything else."""
+        found, todo = [], [item]
+        while todo:
+            item = todo.pop()
+            if type_(item) is tuple_:
+                todo.extend(item[::-1])
+            elif type_(item) is int_:
+                found.append(item)
+            else:
+                return None
+        return found
 
     def wrapped_size(value):
-        """Bytes of a DSL tensor wrapper (shape x element width), or None for any other object or a shape that is not
-        plain integers."""
+        """Bytes of memory a DSL tensor wrapper can address (its shape and strides, as reach() counts them; its shape
+        alone where the DSL has no stride getter) x element width, or None for any other object or a layout that is
+        not plain integers."""
         kind = type_(value)
-        for klass, shape_get, element_get in sizers:
+        for klass, shape_get, element_get, stride_get in sizers:
             if kind is klass:
                 try:
-                    shape, width = shape_get(value), element_get(value).width
+                    shape, width = flat(shape_get(value)), element_get(value).width
+                    strides = flat(stride_get(value)) if stride_get is not None else None
                 except Exception_:
                     return None
-                count, todo = 1, [shape]
-                while todo:
-                    item = todo.pop()
-                    if type_(item) is tuple_:
-                        todo.extend(item)
-                    elif type_(item) is int_ and item >= 0:
-                        count *= item
-                    else:
-                        return None
-                return count * width // 8 if type_(width) is int_ else None
+                if shape is None or type_(width) is not int_ or (stride_get is not None and strides is None):
+                    return None
+                if strides is None:  # no stride getter in this DSL: the shape's count
+                    count = 1
+                    for size in shape:
+                        count = count * size if count is not None and size >= 0 else None
+                else:
+                    count = reach(shape, strides)
+                return None if count is None else count * width // 8
         return None
 
     def number(value):
@@ -265,7 +306,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
         DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value (number()), by
         "n:" and its position ("n:3", "n:kw:rows": a launch size passed as a number)."""
-        found = {p: t_numel(t) * elem_size(t) for p, t in tensors.items()}
+        found = {p: tensor_bytes(t) for p, t in tensors.items()}
         for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
             if str_(position) in found:
                 continue
@@ -286,7 +327,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         size = wrapped_size(value) if sizers else None
         if size is None:
             for t in tensor_args((value,), {}).values():
-                size = t_numel(t) * elem_size(t)
+                size = tensor_bytes(t)
         return size
 
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
@@ -296,7 +337,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
                                                                                  for k, v in kwargs.items()]
         for position, value in positions:
-            size = t_numel(value) * elem_size(value) if type_(value) is Tensor else other_size(value)
+            size = tensor_bytes(value) if type_(value) is Tensor else other_size(value)
             if size is not None:
                 p = str_(position)
                 into[p] = into.get(p, 0) + size
