@@ -168,11 +168,12 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
         stream.current = index
         for key, sizes in calls:
             stream.add({"ev": "call", "dsl": "tirx", "key": key, "bytes": sizes})
-    assert stream.work_floor() == {"k:a": {"0": 120, "1": 1}, "k:b": {"0": 4}}  # every draw's callables and positions
+    # every draw's callables and positions, and all of the DSL's callables added up
+    assert stream.work_floor() == {"k:a": {"0": 120, "1": 1}, "k:b": {"0": 4}, "tirx:*": {"0": 124, "1": 1}}
     stream.current = 3
     stream.add({"ev": "call", "dsl": "tirx", "key": "k:a", "bytes": {"0": True, "1": -1}})  # not counts: nothing
     stream.add({"ev": "call", "dsl": "tirx", "key": "k:b", "bytes": 2**40})
-    assert stream.work_floor() == {"k:a": {}, "k:b": {}}
+    assert stream.work_floor() == {"k:a": {}, "k:b": {}, "tirx:*": {}}
 
     events = []
     core = knock.make_core(events.append, lambda text: events.append(text), lambda: "dispatcher")
@@ -270,3 +271,23 @@ def test_a_tensor_counts_the_memory_it_spans_not_its_numel():
     from mkb.judge.referee import timing
     assert "passed tirx:main 64 bytes of tensors as argument 0 where every draw passed at least 4096" in (
         timing.work_shortfall({"tirx:main": {"0": 64}}, {"tirx:main": {"0": 4096}}))
+
+
+def test_callables_renamed_between_draws_still_leave_a_floor():
+    """The observed draw calls the kernel compiled as "main", every later call the same kernel compiled as "alt" (the
+    key is the function's name and its symbols): no callable every draw called, so no floor at all, and a timed call's
+    one-row sliver passed. The DSL's callables also count together (tirx:*)."""
+    from mkb.judge.referee import evidence, timing
+
+    stream = evidence.Stream()
+    for index, key in enumerate(["tirx:main:", "tirx:alt:", "tirx:alt:", "tirx:alt:", "tirx:alt:"]):
+        stream.current = index
+        stream.add({"ev": "call", "dsl": "tirx", "key": key, "bytes": {"0": 4096, "1": 4096, "n:2": 64}})
+    floor = stream.work_floor()
+    assert floor == {"tirx:*": {"0": 4096, "1": 4096, "n:2": 64}}
+    assert timing.work_shortfall({"tirx:alt:": {"0": 64, "1": 64, "n:2": 1}}, floor) == (
+        "passed tirx:* 64 bytes of tensors as argument 0 where every draw passed at least 4096 (the least a timed call "
+        "may pass: 0.5x)")
+    assert timing.work_shortfall({"tirx:alt:": {"0": 4096, "1": 2048}, "tirx:main:": {"n:2": 64}}, floor) is None
+    assert timing.work_shortfall({"tirx:other:": {"0": 2048, "1": 4096, "n:2": 64}}, floor) is None  # any name
+    assert timing.work_shortfall({"cutedsl:k": {"0": 4096}}, floor) == "called no tirx callable, as every draw did"

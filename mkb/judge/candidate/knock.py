@@ -82,16 +82,25 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
         torch.isfinite, Tensor.double, Tensor.mean, Tensor.std, Tensor.min, Tensor.max, Tensor.item, Tensor.numel)
     t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
+    t_as_strided, t_offset = Tensor.as_strided, Tensor.storage_offset
     dtype_of = Tensor.dtype.__get__
     device_of = Tensor.device.__get__
     shape_of = Tensor.shape.__get__
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
     type_, str_, int_, float_, len_, abs_, max_, min_, zip_ = type, str, int, float, len, abs, max, min, zip
-    bool_, index_, isinstance_ = bool, operator.index, isinstance
+    bool_, index_, isinstance_, sorted_ = bool, operator.index, isinstance, sorted
     dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
     plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
+    signed_of = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    raw = set()
+    for name in ("uint16", "uint32", "uint64", "float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"):
+        if hasattr(torch, name):
+            raw.add(getattr(torch, name))
+    """dtypes torch has (almost) no arithmetic for (no min, fill_ or bitwise_not_ on unsigned words; nothing on packed
+    fp4 or bits): the knock-out reads and poisons them as the signed integers of their width (a view of the same
+    memory), so that its poison cannot fail on them (a failing poison looked like a knock-out's evidence)."""
     registry: dict[int, tuple] = {}
     """id(genuine object) -> (dsl, callable, key, symbols); the objects themselves are kept alive in keep."""
     keep: list = []
@@ -127,6 +136,24 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 count *= size
                 span += (size - 1) * abs_(step)
         return min_(count, span)
+
+    def spread(t):
+        """t, or, when two of its elements may share memory (an expanded view: torch refuses in-place writes into it),
+        a 1-D view of all the memory it spans: what the poison writes, in every mode alike. A raised poison looked
+        like a knocked-out call whose answer broke (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py). Non-overlap
+        is tested as dims sorted by stride, each stride beyond the reach of the smaller ones."""
+        shape, strides = tuple_(shape_of(t)), t_stride(t)
+        if t_numel(t) == 0:
+            return t
+        last = 0
+        for step, size in sorted_((step, size) for size, step in zip_(shape, strides) if size > 1):
+            if step <= last:
+                span = 1
+                for size_, step_ in zip_(shape, strides):
+                    span += (size_ - 1) * step_
+                return t_as_strided(t, (span,), (1,), t_offset(t))
+            last += (size - 1) * step
+        return t
 
     def tensor_bytes(t) -> int:
         """Bytes of memory a plain torch tensor can address (reach), 0 where its layout has no strides (sparse)."""
@@ -164,9 +191,15 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     def bits(t):
         return t_view(t_reshape(t_contig(t_detach(t)), -1), u8)
 
+    def as_ints(t):
+        """t, or for a raw dtype a view of it as the signed integers of its width."""
+        dtype = dtype_of(t)
+        return t_view(t, signed_of[elem_size(t)]) if dtype in raw and elem_size(t) in signed_of else t
+
     def stats(t) -> dict | None:
         if t_numel(t) == 0:
             return None
+        t = as_ints(t)
         dtype = dtype_of(t)
         if dtype is tbool:
             return {"p": float_(t_item(t_mean(t_float(t))))}
@@ -191,6 +224,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     def overwrite(t, mode: int, seen) -> None:
         """Poison t in place: NaN / bitwise-not, or noise at the observed scale."""
+        t = as_ints(t)
         dtype = dtype_of(t)
         if mode == knock_nan:
             if dtype is tbool:
@@ -232,7 +266,20 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         for position in entry.get("args", ()):
             t = tensors.get(str_(position))
             if t is not None:
-                overwrite(data_of(t), mode, seen.get(str_(position)))
+                overwrite(data_of(spread(t)), mode, seen.get(str_(position)))
+
+    def poisoning(dsl: str, key: str) -> None:
+        """Tell the referee that the core now writes a call's poison (or, outside a knock-out, its scratch copy): until
+        the call's evidence follows, a death, a raise or a hang is the judge's own write failing, never the knock-out's
+        evidence (a read-only mapping the call did not write this time, planned from the observed draw, died of
+        SIGSEGV: tests/kernels/rt8dsl_knockout_readonly_tirx_p28.py)."""
+        emit({"ev": "poison", "dsl": dsl, "key": key})
+
+    def unpoisonable(exc) -> None:
+        """The poison could not be written: a finding, and the call fails (in a knocked-out draw only, the poison
+        writing the candidate's own tensors there; the referee refuses the draw as evidence either way)."""
+        finding(f"the knock-out could not overwrite what a DSL call wrote ({type_(exc).__name__}: {str_(exc)[:160]})")
+        raise PermissionError_("the knock-out could not overwrite what a DSL call wrote")
 
     def opaque(obj, args: tuple, kwargs: dict, tensors: dict) -> bool:
         """Whether an argument is an object the knock-out cannot see into (not a tensor, not a plain value)."""
@@ -394,7 +441,11 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 size = sizes_of(tensors, args, kwargs)
                 if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
                     pad(planned.get("s"))
-                    knock(tensors, planned, mode)
+                    poisoning(dsl, key)
+                    try:
+                        knock(tensors, planned, mode)
+                    except Exception_ as exc:
+                        unpoisonable(exc)
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
                     return None
                 before = {p: t_clone(t) for p, t in tensors.items()}
@@ -414,10 +465,16 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
                             "Python dispatcher): it would see the knock-out's writes")
                     raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
-                for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
-                    scratch = t_clone(tensors[p])
-                    overwrite(data_of(tensors[p]) if knocked else data_of(scratch),
-                              mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
+                if outputs:
+                    poisoning(dsl, key)
+                try:
+                    for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
+                        target = spread(tensors[p])
+                        scratch = t_clone(target)
+                        overwrite(data_of(target) if knocked else data_of(scratch),
+                                  mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
+                except Exception_ as exc:
+                    unpoisonable(exc)
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
             return result
         finally:
