@@ -133,6 +133,18 @@ def test_strict_policy_requires_the_dsl_share(fixture, strict_status, catalog, g
 
 
 @needs_sandbox
+@pytest.mark.xfail(strict=True, reason="known limit (docs/judge.md, red team 2026-12-08): the share is time, and a "
+                   "decorative TIRx kernel that burns time lifts it; the knock-out cannot tell an exact gate from use")
+def test_burnt_dsl_time_does_not_buy_the_strict_share(catalog):
+    from mkb.settings import load_settings
+
+    facts = fixture_facts(KERNELS / "rt8dsl_share_burn_tirx_p28.py")
+    strict = grade(resolve(facts["problem"], catalog), KERNELS / "rt8dsl_share_burn_tirx_p28.py", facts["dsl"],
+                   device="cpu", scale="smoke", settings=load_settings(dsl_policy="strict"))
+    assert strict.status == Status.POLICY_VIOLATION, strict.details.get("dsl_share")
+
+
+@needs_sandbox
 def test_a_thread_of_the_kernels_leaves_no_cpu_share_to_read(catalog, graded):
     """torch's work on a thread kernel.py started is invisible to the CPU profiler (it records its own thread's
     operators): such a profiled call has no CPU share, so the strict policy, which needs one, refuses it."""

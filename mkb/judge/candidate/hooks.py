@@ -234,8 +234,8 @@ def make_entries(core: dict, check: Callable[[object, list], None]) -> dict:
         setattr_(executor.JitCompiledFunction, "run_compiled_program", cute_run_trampoline)
         patch_call(executor.JitCompiledFunction)
         wrapper = getattr_(modules.get("cutlass.cute.runtime"), "_Tensor", None)  # CuTe DSL's runtime tensor
-        shape, element, stride = (getattr_(wrapper, "__dict__", {}).get(name)
-                                  for name in ("shape", "element_type", "stride"))
+        shape, element, stride = (getattr_(wrapper, "__dict__", {}).get(name) for name in ("shape", "element_type",
+                                                                                           "stride"))
         if type_(shape) is property_ and type_(element) is property_:  # sized by its own getters, taken now
             add_sizer(wrapper, shape.fget, element.fget, stride.fget if type_(stride) is property_ else None)
         found = modules.get("cutlass.cutlass_dsl")

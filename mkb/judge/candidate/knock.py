@@ -82,16 +82,25 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
         torch.isfinite, Tensor.double, Tensor.mean, Tensor.std, Tensor.min, Tensor.max, Tensor.item, Tensor.numel)
     t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
+    t_as_strided, t_offset = Tensor.as_strided, Tensor.storage_offset
     dtype_of = Tensor.dtype.__get__
     device_of = Tensor.device.__get__
     shape_of = Tensor.shape.__get__
     is_float = Tensor.is_floating_point
     is_complex = Tensor.is_complex
-    type_, str_, int_, float_, len_, abs_, max_, min_ = type, str, int, float, len, abs, max, min
-    bool_, index_, isinstance_, zip_ = bool, operator.index, isinstance, zip
+    type_, str_, int_, float_, len_, abs_, max_, min_, zip_ = type, str, int, float, len, abs, max, min, zip
+    bool_, index_, isinstance_, sorted_ = bool, operator.index, isinstance, sorted
     dict_, list_, tuple_, enumerate_, hasattr_, id_ = dict, list, tuple, enumerate, hasattr, id
     Exception_, PermissionError_ = Exception, PermissionError
     plain_types = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device)
+    signed_of = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    raw = set()
+    for name in ("uint16", "uint32", "uint64", "float4_e2m1fn_x2", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"):
+        if hasattr(torch, name):
+            raw.add(getattr(torch, name))
+    """dtypes torch has (almost) no arithmetic for (no min, fill_ or bitwise_not_ on unsigned words; nothing on packed
+    fp4 or bits): the knock-out reads and poisons them as the signed integers of their width (a view of the same
+    memory), so that its poison cannot fail on them (a failing poison looked like a knock-out's evidence)."""
     registry: dict[int, tuple] = {}
     """id(genuine object) -> (dsl, callable, key, symbols); the objects themselves are kept alive in keep."""
     keep: list = []
@@ -107,8 +116,52 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     work: dict = {}
     """The same calls since the last take_work(): key -> argument position -> bytes of the tensors passed there, added
     up: a timed call must pass its DSL kernels the tensors the draws passed them (timing.run_calls)."""
-    elem_size = Tensor.element_size
-    t_stride, t_is_contig = Tensor.stride, Tensor.is_contiguous
+    elem_size, t_stride = Tensor.element_size, Tensor.stride
+
+    def reach(sizes, strides):
+        """How many elements a layout can address, or None when sizes and strides are not plain integers of the same
+        rank: the product of the sizes along non-zero strides, and at most the distance from its first element to its
+        last plus one. An expanded (broadcast, stride 0) or overlapping view counts the memory it spans, not its
+        numel: a timed call's sliver, expanded to the draws' shape (or a kernel told by a zero stride to do nothing),
+        would otherwise pass the work rule; a tensor that does not overlap itself counts its numel."""
+        if len_(sizes) != len_(strides):
+            return None
+        count, span = 1, 1
+        for size, step in zip_(sizes, strides):
+            if type_(size) is not int_ or type_(step) is not int_ or size < 0:
+                return None
+            if size == 0:
+                return 0
+            if step:
+                count *= size
+                span += (size - 1) * abs_(step)
+        return min_(count, span)
+
+    def spread(t):
+        """t, or, when two of its elements may share memory (an expanded view: torch refuses in-place writes into it),
+        a 1-D view of all the memory it spans: what the poison writes, in every mode alike. A raised poison looked
+        like a knocked-out call whose answer broke (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py). Non-overlap
+        is tested as dims sorted by stride, each stride beyond the reach of the smaller ones."""
+        shape, strides = tuple_(shape_of(t)), t_stride(t)
+        if t_numel(t) == 0:
+            return t
+        last = 0
+        for step, size in sorted_((step, size) for size, step in zip_(shape, strides) if size > 1):
+            if step <= last:
+                span = 1
+                for size_, step_ in zip_(shape, strides):
+                    span += (size_ - 1) * step_
+                return t_as_strided(t, (span,), (1,), t_offset(t))
+            last += (size - 1) * step
+        return t
+
+    def tensor_bytes(t) -> int:
+        """Bytes of memory a plain torch tensor can address (reach), 0 where its layout has no strides (sparse)."""
+        try:
+            count = reach(tuple_(shape_of(t)), t_stride(t))
+        except Exception_:
+            return 0
+        return 0 if count is None else count * elem_size(t)
 
     def arm() -> None:
         dispatcher[0] = probe()
@@ -138,9 +191,15 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     def bits(t):
         return t_view(t_reshape(t_contig(t_detach(t)), -1), u8)
 
+    def as_ints(t):
+        """t, or for a raw dtype a view of it as the signed integers of its width."""
+        dtype = dtype_of(t)
+        return t_view(t, signed_of[elem_size(t)]) if dtype in raw and elem_size(t) in signed_of else t
+
     def stats(t) -> dict | None:
         if t_numel(t) == 0:
             return None
+        t = as_ints(t)
         dtype = dtype_of(t)
         if dtype is tbool:
             return {"p": float_(t_item(t_mean(t_float(t))))}
@@ -165,6 +224,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     def overwrite(t, mode: int, seen) -> None:
         """Poison t in place: NaN / bitwise-not, or noise at the observed scale."""
+        t = as_ints(t)
         dtype = dtype_of(t)
         if mode == knock_nan:
             if dtype is tbool:
@@ -206,7 +266,20 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         for position in entry.get("args", ()):
             t = tensors.get(str_(position))
             if t is not None:
-                overwrite(data_of(t), mode, seen.get(str_(position)))
+                overwrite(data_of(spread(t)), mode, seen.get(str_(position)))
+
+    def poisoning(dsl: str, key: str) -> None:
+        """Tell the referee that the core now writes a call's poison (or, outside a knock-out, its scratch copy): until
+        the call's evidence follows, a death, a raise or a hang is the judge's own write failing, never the knock-out's
+        evidence (a read-only mapping the call did not write this time, planned from the observed draw, died of
+        SIGSEGV: tests/kernels/rt8dsl_knockout_readonly_tirx_p28.py)."""
+        emit({"ev": "poison", "dsl": dsl, "key": key})
+
+    def unpoisonable(exc) -> None:
+        """The poison could not be written: a finding, and the call fails (in a knocked-out draw only, the poison
+        writing the candidate's own tensors there; the referee refuses the draw as evidence either way)."""
+        finding(f"the knock-out could not overwrite what a DSL call wrote ({type_(exc).__name__}: {str_(exc)[:160]})")
+        raise PermissionError_("the knock-out could not overwrite what a DSL call wrote")
 
     def opaque(obj, args: tuple, kwargs: dict, tensors: dict) -> bool:
         """Whether an argument is an object the knock-out cannot see into (not a tensor, not a plain value)."""
@@ -216,63 +289,48 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return True
         return False
 
-    def span(shape, strides) -> int | None:
-        """Distinct elements a strided view can address: the product of its sizes along non-zero strides, at most
-        1 + sum((size - 1) x |stride|), so a broadcast (stride 0) or overlapping view counts the memory behind it, not
-        its repeats; None when shape and strides are not matching sequences of plain integers."""
-        if type_(shape) is not tuple_ or type_(strides) is not tuple_ or len_(shape) != len_(strides):
-            return None
-        count, reach = 1, 1
-        for size, stride in zip_(shape, strides):
-            if type_(size) is not int_ or type_(stride) is not int_ or size < 0:
-                return None
-            if size == 0:
-                return 0
-            if stride:  # a broadcast dimension repeats memory: it adds neither elements nor reach
-                count *= size
-                reach += (size - 1) * abs_(stride)
-        return min_(count, reach)
-
-    def tensor_bytes(t) -> int:
-        """Bytes of memory a torch tensor's elements occupy: its element count for a contiguous tensor, else the
-        distinct elements its strides address (span), times the element size."""
-        if t_is_contig(t):
-            return t_numel(t) * elem_size(t)
-        n = span(tuple_(shape_of(t)), tuple_(t_stride(t)))
-        return (t_numel(t) if n is None else n) * elem_size(t)
-
     sizers: list = []
     """(class, shape getter, element type getter, stride getter or None) of a DSL's own tensor wrappers (CuTe DSL's
-    runtime tensor: the hooks add it when cutlass.cute loads), which are neither torch tensors nor
-    DLPack-convertible: their size is read through the DSL's own property getters, taken then (span() with the
-    strides)."""
+    runtime tensor: the hooks add it when cutlass.cute loads), which are neither torch tensors nor DLPack-convertible:
+    their size is read through the DSL's own property getters, taken then."""
 
     def add_sizer(klass, shape_get, element_get, stride_get=None) -> None:
         sizers.append((klass, shape_get, element_get, stride_get))
 
+    def flat(item):
+        """The integers of a (nested) tuple of integers, in order, or None for anything else."""
+        found, todo = [], [item]
+        while todo:
+            item = todo.pop()
+            if type_(item) is tuple_:
+                todo.extend(item[::-1])
+            elif type_(item) is int_:
+                found.append(item)
+            else:
+                return None
+        return found
+
     def wrapped_size(value):
-        """Bytes of a DSL tensor wrapper (its elements, at most the distinct ones its strides address, x element width),
-        or None for any other object or a shape that is not plain integers."""
+        """Bytes of memory a DSL tensor wrapper can address (its shape and strides, as reach() counts them; its shape
+        alone where the DSL has no stride getter) x element width, or None for any other object or a layout that is
+        not plain integers."""
         kind = type_(value)
         for klass, shape_get, element_get, stride_get in sizers:
             if kind is klass:
                 try:
-                    shape, width = shape_get(value), element_get(value).width
-                    strides = stride_get(value) if stride_get is not None else None
+                    shape, width = flat(shape_get(value)), element_get(value).width
+                    strides = flat(stride_get(value)) if stride_get is not None else None
                 except Exception_:
                     return None
-                count, todo = 1, [shape]
-                while todo:
-                    item = todo.pop()
-                    if type_(item) is tuple_:
-                        todo.extend(item)
-                    elif type_(item) is int_ and item >= 0:
-                        count *= item
-                    else:
-                        return None
-                reach = span(shape, strides)
-                count = count if reach is None else min_(count, reach)
-                return count * width // 8 if type_(width) is int_ else None
+                if shape is None or type_(width) is not int_ or (stride_get is not None and strides is None):
+                    return None
+                if strides is None:  # no stride getter in this DSL: the shape's count
+                    count = 1
+                    for size in shape:
+                        count = count * size if count is not None and size >= 0 else None
+                else:
+                    count = reach(shape, strides)
+                return None if count is None else count * width // 8
         return None
 
     def number(value):
@@ -383,7 +441,11 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 size = sizes_of(tensors, args, kwargs)
                 if knocked and dsl != "tirx" and opaque(obj, args, kwargs, tensors):
                     pad(planned.get("s"))
-                    knock(tensors, planned, mode)
+                    poisoning(dsl, key)
+                    try:
+                        knock(tensors, planned, mode)
+                    except Exception_ as exc:
+                        unpoisonable(exc)
                     emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
                     return None
                 before = {p: t_clone(t) for p, t in tensors.items()}
@@ -403,10 +465,16 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
                             "Python dispatcher): it would see the knock-out's writes")
                     raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
-                for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
-                    scratch = t_clone(tensors[p])
-                    overwrite(data_of(tensors[p]) if knocked else data_of(scratch),
-                              mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
+                if outputs:
+                    poisoning(dsl, key)
+                try:
+                    for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
+                        target = spread(tensors[p])
+                        scratch = t_clone(target)
+                        overwrite(data_of(target) if knocked else data_of(scratch),
+                                  mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
+                except Exception_ as exc:
+                    unpoisonable(exc)
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
             return result
         finally:

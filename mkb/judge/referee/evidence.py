@@ -19,6 +19,9 @@ from collections import defaultdict
 MAX_EVENTS = 200_000
 """Evidence messages kept at most; a candidate that sends more is reported (it floods the referee)."""
 MAX_PLAN_KEYS = 256
+ALL_CALLABLES = ":*"
+"""The suffix of a DSL's name under which work_floor adds up the bytes of all its callables ("tirx:*"); no callable's
+key ends so (keys are "<dsl>:<name>:<symbols>", "<dsl>:module", "cutedsl:<symbols>", "cutedsl:jit")."""
 """Distinct DSL callables the knock-out plan tracks at most."""
 
 
@@ -62,6 +65,9 @@ class Stream:
         self.patched: list[str] = []
         self.current: int | None = None
         self.events = 0
+        self.poisoning: dict[int, str] = {}
+        """Draw index -> the DSL callable whose poison the core announced and whose call evidence has not followed: a
+        draw that ends there ended inside the judge's own writes (knockout.py refuses it as evidence)."""
 
     def add(self, message: dict) -> None:
         """One evidence message, as it arrives (wire.Channel's sink)."""
@@ -75,6 +81,9 @@ class Stream:
             self.built[message["dsl"]].update(_texts(message.get("symbols"), 4096))
         elif kind == "call" and self.current is not None and _text(message.get("dsl"), 32):
             self.calls[self.current].append(message)
+            self.poisoning.pop(self.current, None)
+        elif kind == "poison" and self.current is not None:
+            self.poisoning[self.current] = _text(message.get("key"), 300) or "?"
         elif kind == "finding" and _text(message.get("text")):
             self.finding(message["text"])
         elif kind == "integrity" and isinstance(message.get("ids"), dict):
@@ -108,14 +117,19 @@ class Stream:
     def work_floor(self) -> dict[str, dict[str, int]]:
         """What every draw gave each DSL callable: key -> argument position -> the least bytes a draw passed there
         over its calls, for the callables every draw called and the positions every draw used (a timed call must do
-        as much: timing.run_calls)."""
+        as much: timing.run_calls). Each DSL's calls also count together, under "<dsl>:*" (ALL_CALLABLES): the
+        bytes of every callable of that DSL at each position, added up; a kernel that calls differently named
+        callables in different draws (one in the observed draw, another after) leaves no callable that every draw
+        called, and would otherwise leave the timed calls no floor at all."""
         per_draw = []
         for calls in self.calls.values():
             work: dict[str, dict[str, int]] = {}
             for call in calls:
-                key = _text(call.get("key"), 300)
-                if key is not None:
-                    into = work.setdefault(key, {})
+                key, dsl = _text(call.get("key"), 300), _text(call.get("dsl"), 32)
+                if key is None or key.endswith(ALL_CALLABLES):
+                    continue
+                for name in [key] + ([dsl + ALL_CALLABLES] if dsl is not None else []):
+                    into = work.setdefault(name, {})
                     for position, size in _sizes(call.get("bytes")).items():
                         into[position] = into.get(position, 0) + size
             per_draw.append(work)

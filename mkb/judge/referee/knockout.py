@@ -74,6 +74,8 @@ def knocked_out(referee, poison: str, plan: dict) -> dict:
     calls = referee.stream.calls_by_dsl(index).get(str(referee.dsl), 0)
     result = {"seed": prepared.seed, "dsl_calls": calls}
     problem = _failed_outright(reply, prepared.ref[0], referee)
+    if problem is not None and not reply.get("ok"):
+        _not_in_the_poison(referee, index, problem)
     if problem is not None and not reply.get("ok") and calls >= 1:  # a sticky CUDA error fails every later call
         return _replaced(referee, prepared.seed, calls, problem, "raised", (shared, slots))
     if problem is not None:
@@ -97,11 +99,23 @@ def _died(referee, seed: int, exc: wire.WireError, what: str, shared: tuple) -> 
     it always was (exc goes on to the referee's run()) and a hang a timeout."""
     calls = referee.stream.calls_by_dsl(referee.solves - 1).get(str(referee.dsl), 0)
     hung = isinstance(exc, wire.Unanswered)
+    _not_in_the_poison(referee, referee.solves - 1, what)
     if calls < 1 and hung:
         raise Failure(Status.TIMEOUT, f"a knocked-out draw's {what}, before any {referee.dsl} call of the draw")
     if calls < 1:
         raise exc
     return _replaced(referee, seed, calls, what, "hung" if hung else "died", shared)
+
+
+def _not_in_the_poison(referee, index: int, what: str) -> None:
+    """Refuse a knocked-out draw that died, raised or hung inside the judge's own writes (the core announced a call's
+    poison and no call evidence followed): the poison failing on memory the candidate chose (a read-only mapping, a
+    tensor whose elements share memory) says nothing of whether the DSL computes the answer, and only a knocked-out
+    draw writes the candidate's own tensors, so the failure would tell the modes apart."""
+    key = referee.stream.poisoning.get(index)
+    if key is not None:
+        raise Failure(Status.POLICY_VIOLATION, f"a knocked-out draw failed while the judge overwrote what {key} wrote "
+                      f"({what[:300]}): the knock-out's poison could not be written to the memory the kernel gave it")
 
 
 def unchecked_relief(ran: list[tuple[str, bool]]) -> bool:

@@ -39,6 +39,7 @@ from typing import Any, Callable
 import torch
 
 from mkb.judge.candidate import wire
+from mkb.judge.referee import evidence
 
 WARMUP, TIMED, RECHECKS, PROFILED = 10, 50, 3, 3
 WORK_FRACTION = 0.5
@@ -231,8 +232,11 @@ def work_shortfall(done: dict, floor: dict) -> str | None:
     """How a timed call's DSL work (the harness's dsl_work: callable -> argument position -> bytes of the tensors
     passed there, or for "n:<position>" the sum of the positive integers passed there: a launch size passed as a
     number) falls short of the draws' (floor, evidence.Stream.work_floor), or None."""
+    done = with_all_callables(done, floor)
     for key, positions in floor.items():
         if not isinstance(done.get(key), dict):
+            if key.endswith(evidence.ALL_CALLABLES):
+                return f"called no {key[:-len(evidence.ALL_CALLABLES)]} callable, as every draw did"
             return f"did not call {key}, which every draw called"
         for position, least in positions.items():
             size = work_size(done, key, position)
@@ -242,6 +246,22 @@ def work_shortfall(done: dict, floor: dict) -> str | None:
                 return (f"passed {key} {what} as argument {where} where every draw passed at least {least} (the least "
                         f"a timed call may pass: {WORK_FRACTION:g}x)")
     return None
+
+
+def with_all_callables(done: dict, floor: dict) -> dict:
+    """done with, for each "<dsl>:*" key of floor (evidence.ALL_CALLABLES), the bytes of all that DSL's callables at
+    each position added up, as work_floor adds up the draws'."""
+    done = dict(done) if isinstance(done, dict) else {}
+    for total in [k for k in floor if k.endswith(evidence.ALL_CALLABLES)]:
+        prefix = total[:-len(evidence.ALL_CALLABLES)] + ":"
+        called = [key for key, sizes in done.items() if isinstance(key, str) and key.startswith(prefix)
+                  and not key.endswith(evidence.ALL_CALLABLES) and isinstance(sizes, dict)]
+        if called:
+            done[total] = {}
+            for key in called:
+                for position in done[key]:
+                    done[total][position] = done[total].get(position, 0) + work_size(done, key, position)
+    return done
 
 
 def work_size(done: dict, key: str, position: str) -> int:
