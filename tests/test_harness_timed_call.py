@@ -61,6 +61,7 @@ harness.solve, harness.pool, harness.slots = solve, [[torch.zeros(4)]], [torch.e
 harness.calls_outside = harness_calls
 taken = [{"tirx:main": 32}, {"tirx:main": 16}]  # what came before the call, then the call's own
 harness.take_work = lambda: taken.pop(0)
+harness.window = lambda on: log.append(("window", on))
 harness.send = lambda reply: log.append(("send", sorted(reply), reply.get("dsl_calls"), reply.get("dsl_work")))
 harness.emit = lambda event: log.append(("emit", event))
 
@@ -177,6 +178,7 @@ def test_the_draws_work_floor_and_the_cores_count_of_it():
 
     events = []
     core = knock.make_core(events.append, lambda text: events.append(text), lambda: "dispatcher")
+    core["window"](True)  # as the harness opens it around a timed call's solve()
     seen = []
 
     def kernel(*args, **kwargs):
@@ -219,6 +221,7 @@ import json, os, sys, torch
 from mkb.judge.candidate import hooks, knock
 events = []
 core = knock.make_core(events.append, events.append, lambda: "d")
+core["window"](True)
 hooks.install(core)
 from cutlass.cute.runtime import from_dlpack
 def kernel(*a, **k):
@@ -251,6 +254,7 @@ def test_a_tensor_counts_the_memory_it_spans_not_its_numel():
     from mkb.judge.candidate import knock
 
     core = knock.make_core(lambda e: None, lambda text: None, lambda: "dispatcher")
+    core["window"](True)
     obj = object()
     core["register"](obj, "tirx", lambda *a, **k: None, "tirx:main", ["main"])
     x = torch.zeros(64, 32, dtype=torch.bfloat16)  # 4096 bytes
@@ -291,3 +295,63 @@ def test_callables_renamed_between_draws_still_leave_a_floor():
     assert timing.work_shortfall({"tirx:alt:": {"0": 4096, "1": 2048}, "tirx:main:": {"n:2": 64}}, floor) is None
     assert timing.work_shortfall({"tirx:other:": {"0": 2048, "1": 4096, "n:2": 64}}, floor) is None  # any name
     assert timing.work_shortfall({"cutedsl:k": {"0": 4096}}, floor) == "called no tirx callable, as every draw did"
+
+
+LATE = r"""
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("harness_child", sys.argv[1])
+child = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(child)
+import torch
+from mkb.judge.candidate import knock
+
+core = knock.make_core(lambda e: None, lambda text: None, lambda: "dispatcher")
+kernel = object()
+core["register"](kernel, "tirx", lambda x, out: out.copy_(x), "tirx:main:", ["main"])
+data = torch.arange(1024, dtype=torch.float32)
+
+
+def dsl(x):  # a genuine call of the TIRx callable
+    out = torch.empty_like(x)
+    core["dsl_call"](kernel, None, (x, out), {})
+    return out
+
+
+class Event:
+    def __init__(self, enable_timing=False):
+        pass
+    def record(self):
+        pass
+    def elapsed_time(self, other):
+        return 0.0
+
+
+late = sys.argv[2] == "late"
+# the hack: solve() returns torch's answer; a thread of the kernel's calls the DSL on the whole data while the harness
+# waits for the device (its GIL is free then), outside the timed window, before the call's count is read
+child._Event, child._sync = Event, (lambda: dsl(data)) if late else (lambda: None)
+harness = child.Candidate.__new__(child.Candidate)
+harness.solve = (lambda x: x * 2) if late else (lambda x: dsl(x) * 2)
+harness.pool, harness.slots = [[data]], [torch.empty(1024)]
+harness.calls_outside, harness.take_work, harness.window = core["calls_outside"], core["take_work"], core["window"]
+sent = []
+harness.send, harness.modes_left = sent.append, (lambda: 0)
+harness.copy_into = lambda slots, out: True
+harness.cmd_timed({"k": 0, "set": 0})
+done = next(r for r in sent if "done" in r)
+os.write(child._REAL_STDOUT, json.dumps([done["dsl_calls"], done["dsl_work"]]).encode() + b"\n")
+"""
+
+
+@pytest.mark.parametrize("when, counted", [("inside", ({"tirx": 1}, {"tirx:main:": {"0": 4096, "1": 4096}})),
+                                           ("late", ({}, {}))])
+def test_only_dsl_calls_made_inside_solve_count_for_a_timed_call(when, counted, tmp_path):
+    """A thread's DSL call once solve() has returned (while the harness synchronises or copies the answer) is outside
+    the timed window: it passed the referee's rules (a genuine call, the draws' bytes) for a solve() that was all
+    torch. The core counts a timed call's DSL calls only while its solve() runs (knock.py, window())."""
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", LATE, str(CHILD), when], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls, work = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (calls, work) == (counted[0], counted[1])

@@ -98,6 +98,8 @@ class Candidate:
         """Genuine DSL calls outside the draws so far, by DSL (knock.py; a timed call's count); set in start()."""
         self.take_work = lambda: {}
         """Bytes of tensor arguments per DSL callable since the last take (knock.py; a timed call's); set in start()."""
+        self.window = lambda on: None
+        """Opens (True) and closes the core's count of a timed call's DSL calls around its solve() (knock.py)."""
         self.unmask = lambda flag, nonce: 0
         """A solve command's flag -> the draw's mode (wire.mask); set from the load command's key, before kernel.py."""
 
@@ -126,7 +128,7 @@ class Candidate:
             probe = escape.make_dispatcher_probe()
             core = knock.make_core(self.emit, finding, probe)
             self.draw, self.arm, self.calls_outside = core["draw"], core["arm"], core["calls_outside"]
-            self.take_work = core["take_work"]
+            self.take_work, self.window = core["take_work"], core["window"]
             asked = escape.make_asker(roots.kind)
             escape.patch_unaudited(finding, asked)
             escape.patch_dispatcher(finding, asked)
@@ -293,7 +295,11 @@ class Candidate:
             if msg.get("null") == "kernel":  # an empty call that still launches one kernel, as every solve() does
                 self.tick.add_(1)
             elif not msg.get("null"):
-                out = self.solve(*self.pool[msg["set"]])
+                self.window(True)
+                try:
+                    out = self.solve(*self.pool[msg["set"]])
+                finally:
+                    self.window(False)
         except BaseException as exc:  # a failure in a timed call is a runtime error like any other
             self.send(_error(exc, "runtime_error"))
             return

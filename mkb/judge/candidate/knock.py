@@ -394,6 +394,15 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     p = "n:" + str_(position)
                     into[p] = into.get(p, 0) + n
 
+    solving = [False]
+    """Whether a timed call's solve() is running (the harness's window()): only the genuine calls made then, and
+    returned before solve() did, count for the call (calls_outside, take_work). A thread's calls once solve() has
+    returned ran while the harness synchronised or copied the answer, outside the timed window, and passed the rule
+    (tests/test_harness_timed_call.py)."""
+
+    def window(on) -> None:
+        solving[0] = on is True
+
     def take_work() -> dict:
         """Bytes of tensor arguments per DSL callable (key) and argument position over the genuine calls outside the
         draws since the last take (added up at each call), then forget them."""
@@ -419,13 +428,14 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         dsl, call, key, symbols = entry
         state = find_state()
         if state is None or state[i_depth] or state[i_compiling]:
-            if state is None and not active[0]:
-                outside[dsl] = outside.get(dsl, 0) + 1
+            if state is None and not active[0] and solving[0]:
                 result = run(call, args, kwargs)
-                into = work.get(key)  # read once the launch is on its way (the GPU runs it meanwhile), before the
-                if into is None:      # candidate's code could change a tensor's size
-                    into = work[key] = {}
-                add_sizes(into, args, kwargs)
+                if solving[0]:  # a call that returns once solve() has (a thread's, say) is no part of its work
+                    outside[dsl] = outside.get(dsl, 0) + 1
+                    into = work.get(key)  # read once the launch is on its way (the GPU runs it meanwhile), before
+                    if into is None:      # the candidate's code could change a tensor's size
+                        into = work[key] = {}
+                    add_sizes(into, args, kwargs)
                 return result
             return run(call, args, kwargs)
         if dispatch_depth() or function_depth():
@@ -511,4 +521,4 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     return {"dsl_call": dsl_call, "register": register, "genuine": genuine, "built": built,
             "compile_scope": compile_scope, "inside": inside, "draw": draw, "arm": arm, "calls_outside": calls_outside,
-            "take_work": take_work, "add_sizer": add_sizer}
+            "take_work": take_work, "add_sizer": add_sizer, "window": window}
