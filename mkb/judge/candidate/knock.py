@@ -269,10 +269,11 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 overwrite(data_of(spread(t)), mode, seen.get(str_(position)))
 
     def poisoning(dsl: str, key: str) -> None:
-        """Tell the referee that the core now writes a call's poison (or, outside a knock-out, its scratch copy): until
-        the call's evidence follows, a death, a raise or a hang is the judge's own write failing, never the knock-out's
-        evidence (a read-only mapping the call did not write this time, planned from the observed draw, died of
-        SIGSEGV: tests/kernels/rt8dsl_knockout_readonly_tirx_p28.py)."""
+        """Tell the referee that the core now writes a call's poison (or, outside a knock-out, its scratch copy) where
+        the call wrote nothing this time (an argument planned from the observed draw; memory the call has just written
+        takes the poison): until the call's evidence follows, a death, a raise or a hang is the judge's own write
+        failing, never the knock-out's evidence (a read-only mapping there died of SIGSEGV:
+        tests/kernels/rt8dsl_knockout_readonly_tirx_p28.py). Whether the call wrote is the same in every mode."""
         emit({"ev": "poison", "dsl": dsl, "key": key})
 
     def unpoisonable(exc) -> None:
@@ -475,7 +476,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     finding("a Python kernel was registered on an operator the knock-out uses (torch.library, the "
                             "Python dispatcher): it would see the knock-out's writes")
                     raise PermissionError_("no Python kernel may sit between the judge and torch's operators")
-                if outputs:
+                if len_(outputs) != len_(written):  # memory this call did not write: the poison could fault there
                     poisoning(dsl, key)
                 try:
                     for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
