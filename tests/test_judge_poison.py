@@ -48,7 +48,7 @@ def _run(make, write, mode):
 
 
 def _first_row(t):  # a kernel's write into the memory an expanded tensor shows: its one row
-    t.as_strided((t.shape[-1],), (t.stride(-1),)).copy_(torch.arange(t.shape[-1]).to(t.dtype) + 3)
+    t.as_strided((t.shape[-1],), (t.stride(-1),)).copy_((torch.arange(t.shape[-1]) + 3).to(t.dtype))
 
 
 @pytest.mark.parametrize("mode", [knock.NORMAL, knock.KNOCK_NAN, knock.KNOCK_NOISE])
@@ -57,12 +57,13 @@ def _first_row(t):  # a kernel's write into the memory an expanded tensor shows:
     lambda: torch.zeros(1, 8, dtype=torch.int32).expand(4, 8),  # and bitwise_not_
     lambda: torch.zeros(16).as_strided((4, 8), (2, 1)),  # overlapping rows
     lambda: torch.zeros(4, 8).t(),  # an honest transposed layout
-], ids=["expanded_f32", "expanded_i32", "overlapping", "transposed"])
+    lambda: torch.zeros(1, 8, dtype=torch.uint32).expand(4, 8),  # expanded words torch barely computes on
+], ids=["expanded_f32", "expanded_i32", "overlapping", "transposed", "expanded_u32"])
 def test_the_poison_is_written_into_any_layout(make, mode):
     t, events = _run(make, _first_row, mode)
     assert [e["ev"] for e in events] == ["call"], events  # memory the call has just written: nothing to announce
     written = t.as_strided((t.shape[-1],), (t.stride(-1),))
-    expected = torch.arange(t.shape[-1]).to(t.dtype) + 3
+    expected = (torch.arange(t.shape[-1]) + 3).to(t.dtype)
     if mode == knock.NORMAL:
         assert torch.equal(written, expected)  # a graded draw's poison went to a scratch copy
     else:
@@ -125,3 +126,23 @@ def test_a_draw_that_ends_inside_the_poison_is_no_evidence():
     assert caught.value.status == Status.POLICY_VIOLATION
     assert "while the judge overwrote what tirx:b wrote" in str(caught.value)
 
+
+
+@pytest.mark.parametrize("mode", [knock.KNOCK_NAN, knock.KNOCK_NOISE])
+def test_the_poison_writes_no_memory_the_call_could_not_address(mode):
+    """An overlapping view whose rows skip over other data (strides (2, 2): every even element, each row overlapping
+    the next) must be poisoned where it points only: a poison of all the memory it spans would also break the odd
+    elements, where a decorative kernel kept eager torch's answer, in knocked-out draws only."""
+    buffer = torch.zeros(16)
+
+    def make():
+        buffer.zero_()
+        buffer[1::2] = 42.0  # the answer, between the view's elements
+        return buffer.as_strided((4, 4), (2, 2))
+
+    def write(t):
+        buffer[0::2] = 7.0  # the call writes the memory its view addresses
+
+    _run(make, write, mode)
+    assert torch.equal(buffer[1::2], torch.full((8,), 42.0))
+    assert not torch.equal(buffer[0:14:2], torch.full((7,), 7.0))

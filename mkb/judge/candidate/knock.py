@@ -82,7 +82,9 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     t_isfinite, t_float, t_mean, t_std, t_min, t_max, t_item, t_numel = (
         torch.isfinite, Tensor.double, Tensor.mean, Tensor.std, Tensor.min, Tensor.max, Tensor.item, Tensor.numel)
     t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
-    t_as_strided, t_offset = Tensor.as_strided, Tensor.storage_offset
+    t_as_strided, t_offset, t_index_put, t_unsqueeze = (Tensor.as_strided, Tensor.storage_offset, Tensor.index_put_,
+                                                        Tensor.unsqueeze)
+    t_add, t_mul, t_unique, arange_, zeros_, i64 = torch.add, torch.mul, torch.unique, torch.arange, torch.zeros, torch.int64
     dtype_of = Tensor.dtype.__get__
     device_of = Tensor.device.__get__
     shape_of = Tensor.shape.__get__
@@ -137,23 +139,44 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 span += (size - 1) * abs_(step)
         return min_(count, span)
 
-    def spread(t):
-        """t, or, when two of its elements may share memory (an expanded view: torch refuses in-place writes into it),
-        a 1-D view of all the memory it spans: what the poison writes, in every mode alike. A raised poison looked
-        like a knocked-out call whose answer broke (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py). Non-overlap
-        is tested as dims sorted by stride, each stride beyond the reach of the smaller ones."""
+    def addressed(t):
+        """None when no two elements of t share memory (dims sorted by stride, each stride beyond the reach of the
+        smaller ones); else (flat, offsets): a 1-D view over the memory t spans and the distinct offsets of its elements
+        there, so that the poison writes exactly the memory t addresses. torch refuses in-place writes into a tensor
+        whose elements share memory (an expanded view), and a poison that raised looked like a knocked-out call whose
+        answer broke (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py); writing all the memory it spans would also
+        write what lies between its elements (another answer), in knocked-out draws only."""
         shape, strides = tuple_(shape_of(t)), t_stride(t)
         if t_numel(t) == 0:
-            return t
-        last = 0
-        for step, size in sorted_((step, size) for size, step in zip_(shape, strides) if size > 1):
-            if step <= last:
-                span = 1
-                for size_, step_ in zip_(shape, strides):
-                    span += (size_ - 1) * step_
-                return t_as_strided(t, (span,), (1,), t_offset(t))
+            return None
+        dims = sorted_((step, size) for size, step in zip_(shape, strides) if size > 1)
+        last, overlaps = 0, False
+        for step, size in dims:
+            overlaps = overlaps or step <= last
             last += (size - 1) * step
-        return t
+        if not overlaps:
+            return None
+        device = device_of(t)
+        offsets = zeros_((1,), dtype=i64, device=device)
+        for step, size in dims:
+            if step:
+                steps = t_mul(arange_(size, dtype=i64, device=device), step)
+                offsets = t_reshape(t_add(t_unsqueeze(offsets, 1), steps), -1)
+        return t_as_strided(t, (last + 1,), (1,), t_offset(t)), t_unique(offsets)
+
+    def poison_into(t, knocked: bool, mode: int, seen) -> None:
+        """Poison what a call wrote (knocked) or, in every other mode, a scratch copy of it: the same work either way,
+        on exactly the memory t addresses (addressed())."""
+        t = as_ints(t)
+        found = addressed(t)
+        if found is None:
+            scratch = t_clone(t)
+            overwrite(data_of(t) if knocked else data_of(scratch), mode, seen)
+            return
+        flat, offsets = found
+        values, scratch = t_getitem(flat, offsets), t_clone(flat)
+        overwrite(values, mode, seen)
+        t_index_put(data_of(flat) if knocked else scratch, (offsets,), values)
 
     def tensor_bytes(t) -> int:
         """Bytes of memory a plain torch tensor can address (reach), 0 where its layout has no strides (sparse)."""
@@ -266,7 +289,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
         for position in entry.get("args", ()):
             t = tensors.get(str_(position))
             if t is not None:
-                overwrite(data_of(spread(t)), mode, seen.get(str_(position)))
+                poison_into(t, True, mode, seen.get(str_(position)))
 
     def poisoning(dsl: str, key: str) -> None:
         """Tell the referee that the core now writes a call's poison (or, outside a knock-out, its scratch copy) where
@@ -480,10 +503,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                     poisoning(dsl, key)
                 try:
                     for p in outputs:  # a copy either way, and either poison, so that both modes run the same code
-                        target = spread(tensors[p])
-                        scratch = t_clone(target)
-                        overwrite(data_of(target) if knocked else data_of(scratch),
-                                  mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
+                        poison_into(tensors[p], knocked,
+                                    mode if knocked else (knock_nan if urandom(1)[0] & 1 else knock_noise), seen[p])
                 except Exception_ as exc:
                     unpoisonable(exc)
             emit({"ev": "call", "dsl": dsl, "key": key, "symbols": symbols, "bytes": size})
