@@ -1,10 +1,11 @@
-"""Red team of 2026-12-08 (docs/judge.md, "Red team, 2026-12-08"): the knock-out's own poison must not fail.
+"""Red team of 2026-12-08 (docs/judge.md, "Red team of DSL use and timing"): the knock-out's own poison must not fail.
 
-A knocked-out draw writes its poison into the candidate's own tensors, and a graded draw into a scratch copy; so a poison
-that fails (raises, or faults) on memory the kernel chose fails only in a knocked-out draw, where a failure after a DSL
-call counted as the knock-out's evidence (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py, ..._readonly_...). The
-core now writes a poison that torch accepts on every layout and dtype it can meet, announces each call's poison to the
-referee before writing it, and the referee refuses a knocked-out draw that ended inside one.
+A knocked-out draw writes its poison into the candidate's own tensors, and a graded draw into a scratch copy; so a
+poison that fails (raises, or faults) on memory the kernel chose fails only in a knocked-out draw, where a failure
+after a DSL call counted as the knock-out's evidence (tests/kernels/rt8dsl_knockout_overlap_tirx_p28.py,
+..._readonly_...). The core now writes a poison that torch accepts on every layout and dtype it can meet, on exactly
+the memory a tensor addresses, announces a poison where the call wrote nothing this time, and the referee refuses a
+knocked-out draw that ended inside one.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Hack: the timed calls give TIRx the draws' shapes but one row of memory. The kernel (symbolic row strides) runs over
 every row in the draws and the profiled calls; after the draws (solve()'s first 14 calls) and outside the profiler,
 eager torch computes the answer and the kernel is called with its first row of each input and of a scratch output
-expanded to the whole shape (stride 0): every timed call makes a genuine TIRx call whose arguments have the draws' numel,
-which the work rule counted as the draws' bytes, while the kernel reads and writes one row's memory (from L2). Closed
-by counting the memory a tensor can address (knock.reach): the expanded row counts one row (issue #24). Not yet run on
-a GPU (written on the CPU; the rule's count is tested in tests/test_harness_timed_call.py).
+expanded to the whole shape (stride 0): every timed call makes a genuine TIRx call whose arguments have the draws'
+numel, which the work rule counted as the draws' bytes, while the kernel reads and writes one row's memory (from L2).
+Closed by counting the memory a tensor can address (knock.reach): the expanded row counts one row (issue #24). Not yet
+run on a GPU (written on the CPU; the rule's count is tested in tests/test_harness_timed_call.py).
 
 Problem: p28
 DSL: tirx

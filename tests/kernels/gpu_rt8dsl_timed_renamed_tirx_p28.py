@@ -1,8 +1,8 @@
 """Hack: the draws' callable renamed after the first draw. The work rule's floor was per DSL callable that every draw
-called, keyed by the function's name and symbols: this kernel is compiled twice, as "main" (called in the observed
-draw) and as "alt" (every later call), so no callable was called by every draw and the timed calls had no floor at all.
-After the draws (solve()'s first 14 calls) and outside the profiler, eager torch computes the answer and "alt" runs on a
-one-row sliver (tensors and launch size). Closed by the DSL's callables counting together as well ("tirx:*",
+called, keyed by the function's name and symbols: this kernel is compiled twice, as "main" (called in the observed draw)
+and as "alt" (every later call), so no callable was called by every draw and the timed calls had no floor at all. After
+the draws (solve()'s first 14 calls) and outside the profiler, eager torch computes the answer and "alt" runs on a one-
+row sliver (tensors and launch size). Closed by the DSL's callables counting together as well ("tirx:*",
 evidence.Stream.work_floor). Not yet run on a GPU (written on the CPU; tested in tests/test_harness_timed_call.py).
 
 Problem: p28

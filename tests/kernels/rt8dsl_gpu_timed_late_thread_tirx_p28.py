@@ -1,7 +1,7 @@
 """Hack: a thread makes the timed calls' DSL call once solve() has returned. After the draws (solve()'s first 14 calls)
 and outside the profiler, eager torch computes the answer and solve() hands the whole tensors to a thread of the
-kernel's, which calls TIRx on them while the harness synchronises the host with the device (its GIL free then): the
-call came after the timed window's work was enqueued, yet before the harness read the call's count, so every timed call
+kernel's, which calls TIRx on them while the harness synchronises the host with the device (its GIL free then): the call
+came after the timed window's work was enqueued, yet before the harness read the call's count, so every timed call
 "made" a genuine TIRx call with the draws' bytes. Closed by counting a timed call's DSL calls only while its solve()
 runs (knock.py, window()): `policy_violation`, "timed call 1 made no tirx call". Not yet run on a GPU (the harness's
 count is tested on the CPU in tests/test_harness_timed_call.py).

@@ -1,9 +1,9 @@
 """Hack: the knock-out's own poison made to fail. Eager torch computes the answer; a decorative TIRx kernel (symbolic
-strides) first writes a small int32 tensor, then an int32 tensor expanded from one row (stride 0; the kernel writes its one row). A knocked-out draw
-overwrites what the calls wrote in place, and torch refuses in-place writes (bitwise_not_, copy_) into a tensor whose
-elements share memory: the core's poison raised out of the DSL call, solve() raised after a genuine call, and the
-referee took that as the knock-out's evidence and went on in a fresh process (both poisons), while a graded draw's
-poison, on a (contiguous) scratch copy, never raises. Before the fix: `passed`, dsl_check passed.
+strides) first writes a small int32 tensor, then an int32 tensor expanded from one row (stride 0; the kernel writes its
+one row). A knocked-out draw overwrites what the calls wrote in place, and torch refuses in-place writes (bitwise_not_,
+copy_) into a tensor whose elements share memory: the core's poison raised out of the DSL call, solve() raised after a
+genuine call, and the referee took that as the knock-out's evidence and went on in a fresh process (both poisons), while
+a graded draw's poison, on a (contiguous) scratch copy, never raises. Before the fix: `passed`, dsl_check passed.
 
 Problem: p28
 DSL: tirx

@@ -1,10 +1,10 @@
 """Hack: the knock-out's own poison made to fault. Eager torch computes the answer; a decorative TIRx kernel writes a
 small tensor, then the first `count` elements of a second one. In the first (observed) draw the second is an ordinary
 tensor that the kernel writes, so the knock-out plans to overwrite that argument in every later draw; from then on it
-(in this process and in any fresh one) is a tensor over a read-only memory mapping (mmap PROT_READ, torch.frombuffer) and the count is 0, so the kernel writes
-nothing there. A graded draw's poison goes to a scratch copy; a knocked-out draw's poison writes the mapping itself and
-the process dies of SIGSEGV after a genuine call: the referee took the death as the knock-out's evidence and went on in
-a fresh process (both poisons). Before the fix: `passed`, dsl_check passed.
+(in this process and in any fresh one) is a tensor over a read-only memory mapping (mmap PROT_READ, torch.frombuffer)
+and the count is 0, so the kernel writes nothing there. A graded draw's poison goes to a scratch copy; a knocked-out
+draw's poison writes the mapping itself and the process dies of SIGSEGV after a genuine call: the referee took the death
+as the knock-out's evidence and went on in a fresh process (both poisons). Before the fix: `passed`, dsl_check passed.
 
 Problem: p28
 DSL: tirx

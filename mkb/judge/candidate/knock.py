@@ -84,7 +84,8 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     t_lt, t_uniform, t_getitem, seed_of = Tensor.lt, Tensor.uniform_, Tensor.__getitem__, torch.Generator.manual_seed
     t_as_strided, t_offset, t_index_put, t_unsqueeze = (Tensor.as_strided, Tensor.storage_offset, Tensor.index_put_,
                                                         Tensor.unsqueeze)
-    t_add, t_mul, t_unique, arange_, zeros_, i64 = torch.add, torch.mul, torch.unique, torch.arange, torch.zeros, torch.int64
+    t_add, t_mul, t_unique, arange_, zeros_ = torch.add, torch.mul, torch.unique, torch.arange, torch.zeros
+    i64 = torch.int64
     dtype_of = Tensor.dtype.__get__
     device_of = Tensor.device.__get__
     shape_of = Tensor.shape.__get__
