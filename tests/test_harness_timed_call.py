@@ -250,7 +250,7 @@ print(json.dumps({"outside": outside, "drawn": drawn}))
 def test_a_tensor_counts_the_memory_it_spans_not_its_numel():
     """A timed call's sliver expanded to the draws' shape (stride 0) has the draws' numel but one row of memory, and a
     TIRx kernel with symbolic strides takes any layout, so a zero stride could also tell it to do nothing
-    (tests/kernels/rt8dsl_timed_expand_tirx_p28.py): the core counts what a tensor can address, not its numel."""
+    (tests/kernels/gpu_rt8dsl_timed_expand_tirx_p28.py): the core counts what a tensor can address, not its numel."""
     from mkb.judge.candidate import knock
 
     core = knock.make_core(lambda e: None, lambda text: None, lambda: "dispatcher")
