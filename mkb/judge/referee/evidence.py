@@ -19,10 +19,10 @@ from collections import defaultdict
 MAX_EVENTS = 200_000
 """Evidence messages kept at most; a candidate that sends more is reported (it floods the referee)."""
 MAX_PLAN_KEYS = 256
+"""Distinct DSL callables the knock-out plan tracks at most."""
 ALL_CALLABLES = ":*"
 """The suffix of a DSL's name under which work_floor adds up the bytes of all its callables ("tirx:*"); no callable's
 key ends so (keys are "<dsl>:<name>:<symbols>", "<dsl>:module", "cutedsl:<symbols>", "cutedsl:jit")."""
-"""Distinct DSL callables the knock-out plan tracks at most."""
 
 
 def _text(value, limit: int = 400) -> str | None:
