@@ -141,8 +141,10 @@ def _measure(referee, evidence: policy.Evidence, timed_cpu: int | None) -> dict:
 
 def _work(floor: dict, runs: list[dict]) -> dict:
     """The DSL work rule's figures (timing.work_shortfall): bytes of tensors per DSL callable and argument position, the
-    least a draw passed there (floor) and the least a timed call did."""
-    timed = {key: {p: min((timing.work_size(r["dsl_work"], key, p) for r in runs), default=None) for p in positions}
+    least a draw passed there (floor) and the least a timed call did, each call's work read as the rule reads it (with
+    the "<dsl>:*" totals: timing.with_all_callables)."""
+    done = [timing.with_all_callables(r["dsl_work"], floor) for r in runs]
+    timed = {key: {p: min((timing.work_size(d, key, p) for d in done), default=None) for p in positions}
              for key, positions in floor.items()}
     return {"draws_least": floor, "timed_least": timed, "fraction": timing.WORK_FRACTION}
 
