@@ -196,10 +196,16 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
     def find_state():
         return current[0]
 
+    def positions(args: tuple, kwargs: dict | None):
+        """(position, value) of every argument: 0, 1, ... and "kw:<name>"."""
+        if not kwargs:
+            return enumerate_(args)
+        return list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in kwargs.items()]
+
     def tensor_args(args: tuple, kwargs: dict) -> dict:
         """Position ("0", "kw:name") -> plain tensor, for every tensor or DLPack argument."""
         found = {}
-        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in kwargs.items()]:
+        for position, value in positions(args, kwargs):
             kind = type_(value)
             if kind is Tensor:
                 found[str_(position)] = value
@@ -308,7 +314,7 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
 
     def opaque(obj, args: tuple, kwargs: dict, tensors: dict) -> bool:
         """Whether an argument is an object the knock-out cannot see into (not a tensor, not a plain value)."""
-        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in kwargs.items()]:
+        for position, value in positions(args, kwargs):
             if value is obj or str_(position) in tensors or type_(value) in plain_types:
                 continue
             return True
@@ -350,9 +356,11 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 if shape is None or type_(width) is not int_ or (stride_get is not None and strides is None):
                     return None
                 if strides is None:  # no stride getter in this DSL: the shape's count
+                    if min_(shape, default=0) < 0:
+                        return None
                     count = 1
                     for size in shape:
-                        count = count * size if count is not None and size >= 0 else None
+                        count *= size
                 else:
                     count = reach(shape, strides)
                 return None if count is None else count * width // 8
@@ -374,23 +382,6 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
             return None
         return n if type_(n) is int_ and n > 0 else None
 
-    def sizes_of(tensors: dict, args: tuple = (), kwargs: dict | None = None) -> dict:
-        """Bytes of each tensor argument, by position ("0", "kw:out"): the torch tensors tensor_args() found, and the
-        DSL's own tensor wrappers among args and kwargs; and each positive integer argument's value (number()), by
-        "n:" and its position ("n:3", "n:kw:rows": a launch size passed as a number)."""
-        found = {p: tensor_bytes(t) for p, t in tensors.items()}
-        for position, value in list_(enumerate_(args)) + [("kw:" + str_(k), v) for k, v in (kwargs or {}).items()]:
-            if str_(position) in found:
-                continue
-            size = wrapped_size(value) if sizers else None
-            if size is not None:
-                found[str_(position)] = size
-            else:
-                n = number(value)
-                if n is not None:
-                    found["n:" + str_(position)] = n
-        return found
-
     def other_size(value):
         """Bytes of an argument that is not a torch tensor, as sizes_of(tensor_args(...)) counts it, or None: a DSL
         tensor wrapper, else what converts through DLPack."""
@@ -402,22 +393,38 @@ def make_core(emit: Callable[[dict], None], finding: Callable[[str], None], prob
                 size = tensor_bytes(t)
         return size
 
+    def add_argument(into: dict, position, value) -> None:
+        """Add one argument's figure into `into`: its bytes at its position ("0", "kw:out"; a torch tensor read
+        directly, anything else by other_size()), else a positive integer's value at "n:" and its position ("n:3",
+        "n:kw:rows": a launch size passed as a number; number())."""
+        size = tensor_bytes(value) if type_(value) is Tensor else other_size(value)
+        if size is not None:
+            p = str_(position)
+        else:
+            size = number(value)
+            if size is None:
+                return
+            p = "n:" + str_(position)
+        into[p] = into.get(p, 0) + size
+
+    def sizes_of(tensors: dict, args: tuple = (), kwargs: dict | None = None) -> dict:
+        """A draw's call's figures by position, as add_argument() counts them, the torch tensors tensor_args() already
+        found (tensors) read from there."""
+        found = {p: tensor_bytes(t) for p, t in tensors.items()}
+        for position, value in positions(args, kwargs):
+            if str_(position) not in found:
+                add_argument(found, position, value)
+        return found
+
     def add_sizes(into: dict, args: tuple, kwargs: dict) -> None:
-        """Add each argument's bytes into `into`, by position ("0", "kw:out"), and each positive integer's value (by
-        "n:" and its position), as sizes_of(tensor_args(...)) counts them: a torch tensor read directly (a timed call's
-        DSL calls are counted inside its window), anything else by other_size()."""
-        positions = enumerate_(args) if not kwargs else list_(enumerate_(args)) + [("kw:" + str_(k), v)
-                                                                                 for k, v in kwargs.items()]
-        for position, value in positions:
-            size = tensor_bytes(value) if type_(value) is Tensor else other_size(value)
-            if size is not None:
+        """Add a timed call's DSL call's figures into `into`, by position (add_argument(), a torch tensor without its
+        call: read inside the timed call's window)."""
+        for position, value in positions(args, kwargs):
+            if type_(value) is Tensor:
                 p = str_(position)
-                into[p] = into.get(p, 0) + size
+                into[p] = into.get(p, 0) + tensor_bytes(value)
             else:
-                n = number(value)
-                if n is not None:
-                    p = "n:" + str_(position)
-                    into[p] = into.get(p, 0) + n
+                add_argument(into, position, value)
 
     solving = [False]
     """Whether a timed call's solve() is running (the harness's window()): only the genuine calls made then, and
